@@ -1,0 +1,49 @@
+# hicache-fleet: the one entry point for people. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+SCENARIOS ?= $(shell ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename)
+
+.PHONY: help setup demo test lint syntax pytest molecule bench clean
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+$(VENV)/.installed: requirements/controller.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements/controller.txt
+	touch $@
+
+setup: $(VENV)/.installed ## create the pinned controller virtualenv (.venv)
+
+lint: setup ## yamllint, ansible-lint (production profile), ruff
+	$(BIN)/yamllint --strict .
+	$(BIN)/ansible-lint --profile production
+	$(BIN)/ruff check .
+
+syntax: setup ## ansible-playbook --syntax-check on every playbook
+	$(BIN)/ansible-playbook --syntax-check site.yml
+	$(BIN)/ansible-playbook --syntax-check -i inventories/example site.yml
+
+pytest: setup ## the pytest suite (unit and integration tests)
+	$(BIN)/pytest
+
+molecule: setup ## every molecule scenario on real systemd test hosts
+	@for s in $(SCENARIOS); do echo "== molecule scenario $$s"; $(BIN)/molecule test -s $$s || exit 1; done
+
+test: lint syntax pytest molecule ## everything CI runs
+	@echo "make test: all checks passed"
+
+demo: setup ## boot the demo fleet and roll hicache-fleet out on it
+	./scripts/demo.sh
+
+bench: setup ## benchmarks that print figures (not tests)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+clean: ## remove test hosts' copies and caches (keeps .venv)
+	./molecule/resources/hosts.sh destroy-all || true
+	rm -rf .cache/hosts .cache/facts
