@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Real systemd test hosts for molecule and the demo: Debian guests booted with systemd as PID 1
+# by `systemd-nspawn -b`, each a copy of one cached debootstrapped base rootfs, each reached over
+# SSH on its own loopback address (127.0.0.0/8) because the guests share this machine's network.
+#
+#   hosts.sh base                      build the cached base rootfs once (debootstrap, ~1 min)
+#   hosts.sh up NAME ADDRESS [PORT]    copy the base, set sshd to ADDRESS:PORT, boot, wait for SSH
+#   hosts.sh down NAME                 stop the guest by PID and remove its copy (safe to repeat)
+#   hosts.sh list                      guests this checkout has running
+#   hosts.sh destroy-all               `down` for every guest this checkout knows of
+#   hosts.sh key                       print the path of the SSH private key the hosts accept
+#
+# State lives under $HICACHE_FLEET_CACHE (default: <checkout>/.cache): rootfs/<suite>, hosts/NAME
+# (root/, nspawn.pid, console.log), ssh/id_ed25519.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache=${HICACHE_FLEET_CACHE:-$(cd "$here/../.." && pwd)/.cache}
+suite=${HICACHE_FLEET_SUITE:-bookworm}
+base="$cache/rootfs/$suite"
+hosts="$cache/hosts"
+key="$cache/ssh/id_ed25519"
+boot_timeout=${HICACHE_FLEET_BOOT_TIMEOUT:-90}
+base_packages=systemd,systemd-sysv,dbus,python3,openssh-server,iproute2,ca-certificates,procps
+
+log() { printf '[test-hosts] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+need() {
+  local missing=()
+  for tool in "$@"; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: apt-get install debootstrap systemd-container openssh-client"
+  [ "$(id -u)" -eq 0 ] || die "test hosts need root (debootstrap and systemd-nspawn)"
+}
+
+ensure_key() {
+  if [ ! -f "$key" ]; then
+    mkdir -p "$(dirname "$key")"
+    chmod 0700 "$(dirname "$key")"
+    ssh-keygen -q -t ed25519 -N '' -C hicache-fleet-test-hosts -f "$key"
+  fi
+}
+
+cmd_base() {
+  need debootstrap
+  if [ -x "$base/usr/bin/python3" ] && [ -f "$base/.hicache-fleet-base" ]; then
+    log "base rootfs cached: $base"
+    return
+  fi
+  local tmp="$base.tmp.$$"
+  mkdir -p "$(dirname "$base")"
+  rm -rf "$tmp"
+  log "building the $suite base rootfs once (debootstrap minbase)"
+  trap 'rm -rf "$tmp"' EXIT
+  debootstrap --variant=minbase --include="$base_packages" "$suite" "$tmp" >"$cache/rootfs/debootstrap.log" 2>&1 ||
+    die "debootstrap failed; see $cache/rootfs/debootstrap.log"
+  # Host keys are made per guest at boot; the base carries none.
+  rm -f "$tmp"/etc/ssh/ssh_host_*
+  rm -f "$tmp/etc/machine-id"
+  apt_clean "$tmp"
+  touch "$tmp/.hicache-fleet-base"
+  rm -rf "$base"
+  mv "$tmp" "$base"
+  trap - EXIT
+  log "base rootfs ready: $base ($(du -sh "$base" | cut -f1))"
+}
+
+apt_clean() { rm -rf "$1"/var/cache/apt/archives/*.deb; }
+
+pid_of() { cat "$hosts/$1/nspawn.pid" 2>/dev/null || true; }
+alive() { local pid; pid=$(pid_of "$1"); [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
+
+# The guest's PID 1 (systemd) as seen from here: the descendant of nspawn whose command is systemd.
+leader() {
+  local pid child
+  pid=$(pid_of "$1")
+  for child in $(pgrep -P "$pid" 2>/dev/null); do
+    if [ "$(cat "/proc/$child/comm" 2>/dev/null)" = systemd ]; then echo "$child"; return; fi
+    for grandchild in $(pgrep -P "$child" 2>/dev/null); do
+      [ "$(cat "/proc/$grandchild/comm" 2>/dev/null)" = systemd ] && { echo "$grandchild"; return; }
+    done
+  done
+}
+
+cmd_up() {
+  local name=${1:?usage: hosts.sh up NAME ADDRESS [PORT]} address=${2:?usage: hosts.sh up NAME ADDRESS [PORT]}
+  local port=${3:-22}
+  [[ $name =~ ^[a-z0-9][a-z0-9-]{0,30}$ ]] || die "host name '$name' must be lowercase letters, digits and dashes"
+  [[ $address =~ ^127\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "address '$address' must be in 127.0.0.0/8 (test traffic stays on loopback)"
+  need systemd-nspawn ssh-keygen
+  cmd_base
+  ensure_key
+  local dir="$hosts/$name"
+  if alive "$name"; then
+    log "$name already running (pid $(pid_of "$name"))"
+    return
+  fi
+  if ss -ltnH "src $address:$port" | grep -q .; then
+    die "$address:$port is already taken by another process; choose another address for $name"
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cp -a "$base" "$dir/root"
+  local root="$dir/root"
+  echo "$name" >"$root/etc/hostname"
+  printf '127.0.0.1 localhost\n%s %s\n' "$address" "$name" >"$root/etc/hosts"
+  od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$root/etc/machine-id"
+  echo >>"$root/etc/machine-id"
+  ssh-keygen -q -t ed25519 -N '' -f "$root/etc/ssh/ssh_host_ed25519_key" -C "root@$name"
+  mkdir -p "$root/etc/ssh/sshd_config.d" "$root/root/.ssh"
+  cat >"$root/etc/ssh/sshd_config.d/10-test-host.conf" <<EOF
+# Written by hicache-fleet's test-host tool: this guest shares the machine's network,
+# so its sshd binds only its own loopback address.
+ListenAddress $address:$port
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+UseDNS no
+EOF
+  install -m 0600 "$key.pub" "$root/root/.ssh/authorized_keys"
+  chmod 0700 "$root/root/.ssh"
+  echo "$address" >"$dir/address"
+  # Detached boot; nspawn's own PID is recorded so that `down` can stop exactly this guest.
+  setsid systemd-nspawn -b -D "$root" -M "$name" --register=no --keep-unit --console=passive \
+    >"$dir/console.log" 2>&1 </dev/null &
+  echo $! >"$dir/nspawn.pid"
+  log "booting $name on $address (nspawn pid $!)"
+  local deadline=$((SECONDS + boot_timeout)) state=""
+  while [ $SECONDS -lt $deadline ]; do
+    alive "$name" || { tail -n 20 "$dir/console.log" >&2; die "$name exited during boot"; }
+    local lead
+    lead=$(leader "$name")
+    if [ -n "$lead" ]; then
+      state=$(nsenter -t "$lead" -a systemctl is-system-running 2>/dev/null || true)
+      case $state in running | degraded)
+        if ssh -n -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+          -o ConnectTimeout=2 -i "$key" -p "$port" "root@$address" true 2>/dev/null; then
+          log "$name is up: systemd $state, ssh root@$address:$port"
+          return
+        fi ;;
+      esac
+    fi
+    sleep 0.5
+  done
+  tail -n 20 "$dir/console.log" >&2
+  cmd_down "$name"
+  die "$name did not come up within ${boot_timeout}s (last state: ${state:-unknown})"
+}
+
+cmd_down() {
+  local name=${1:?usage: hosts.sh down NAME} dir pid
+  dir="$hosts/$name"
+  [ -d "$dir" ] || return 0
+  pid=$(pid_of "$name")
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "$name did not shut down in 15 s; killing pid $pid"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.5
+    fi
+    log "stopped $name (pid $pid)"
+  fi
+  rm -rf "$dir"
+}
+
+cmd_list() {
+  [ -d "$hosts" ] || return 0
+  local d
+  for d in "$hosts"/*/; do
+    [ -d "$d" ] || continue
+    local name
+    name=$(basename "$d")
+    printf '%s\t%s\t%s\n' "$name" "$(cat "$d/address" 2>/dev/null)" "$(alive "$name" && echo running || echo stopped)"
+  done
+}
+
+cmd_destroy_all() {
+  [ -d "$hosts" ] || return 0
+  local d
+  for d in "$hosts"/*/; do [ -d "$d" ] && cmd_down "$(basename "$d")"; done
+  return 0
+}
+
+case ${1:-} in
+  base) cmd_base ;;
+  up) shift; cmd_up "$@" ;;
+  down) shift; cmd_down "$@" ;;
+  list) cmd_list ;;
+  destroy-all) cmd_destroy_all ;;
+  key) ensure_key; echo "$key" ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
+esac
