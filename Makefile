@@ -18,7 +18,8 @@ $(VENV)/.installed: requirements/controller.txt
 	$(BIN)/pip install --quiet -r requirements/controller.txt
 	touch $@
 
-setup: $(VENV)/.installed ## create the pinned controller virtualenv (.venv)
+setup: $(VENV)/.installed ## the pinned controller virtualenv (.venv) and the test-host tools
+	./scripts/host-tools.sh
 
 lint: setup ## yamllint, ansible-lint (production profile), ruff
 	$(BIN)/yamllint --strict .

@@ -13,7 +13,7 @@ testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_ho
 WATCHED = ["/etc", "/opt", "/srv", "/usr", "/var/lib", "/home", "/root"]
 
 
-@pytest.fixture()
+@pytest.fixture
 def address(host):
     return host.ansible.get_variables()["ansible_host"]
 

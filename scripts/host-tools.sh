@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the machine tools the test hosts need (debootstrap, systemd-nspawn, ssh client) when they
+# are missing, through the system's package manager. Called by `make setup`; a no-op when present.
+set -euo pipefail
+missing=()
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
+command -v ssh >/dev/null || missing+=(openssh-client)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+  echo "host-tools: missing ${missing[*]}; install them (Debian/Ubuntu: apt-get install ${missing[*]}) and re-run" >&2
+  exit 1
+fi
+echo "host-tools: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

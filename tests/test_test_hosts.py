@@ -1,0 +1,42 @@
+"""The test-host tool refuses bad input before it touches anything."""
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTS_SH = ROOT / "molecule" / "resources" / "hosts.sh"
+
+
+def run(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(HOSTS_SH), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HICACHE_FLEET_CACHE": str(cache)},
+        check=False,
+    )
+
+
+def test_refuses_an_address_outside_loopback(tmp_path):
+    result = run("up", "demo-x", "10.0.0.5", cache=tmp_path)
+    assert result.returncode != 0
+    assert "must be in 127.0.0.0/8" in result.stderr
+    assert not (tmp_path / "hosts").exists(), "nothing may be created for a refused host"
+
+
+def test_refuses_a_bad_host_name(tmp_path):
+    result = run("up", "Bad_Name", "127.0.99.1", cache=tmp_path)
+    assert result.returncode != 0
+    assert "lowercase letters, digits and dashes" in result.stderr
+
+
+def test_down_of_an_unknown_host_is_a_no_op(tmp_path):
+    result = run("down", "never-booted", cache=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_usage_without_a_command(tmp_path):
+    result = run(cache=tmp_path)
+    assert result.returncode == 2
+    assert "hosts.sh up NAME ADDRESS" in result.stdout
