@@ -1,0 +1,104 @@
+"""Filters of the sglang_service role: SGLang launch profiles to argv, argv to systemd syntax.
+
+Plain functions (testable without Ansible) exposed as Jinja filters:
+
+- ``sglang_service_argv(mapping)``: ``{flag: value}`` in mapping order to an argv list. ``true`` is a
+  switch, ``false``/``null`` drop the flag, a list is an nargs flag (``--cuda-graph-bs-decode 1 2 4``),
+  anything else is one value.
+- ``sglang_service_argv_groups(mapping)``: the same, one list per flag (a flag and its values), so
+  the unit can put each flag on its own continuation line.
+- ``sglang_service_systemd_quote(word)``: one word in systemd's ExecStart syntax, so it reaches the
+  process unchanged (spaces, quotes, backslashes, ``%`` specifiers, ``$`` expansion).
+- ``sglang_service_env_quote(value)``: one value in EnvironmentFile syntax.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # plain-Python use (unit tests without Ansible)
+    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
+
+_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9-]*$")
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def _word(flag: str, value: Any) -> str:
+    if isinstance(value, bool) or value is None or isinstance(value, (Mapping, set)):
+        raise AnsibleFilterError(
+            f"SGLang flag {flag}: value {value!r} is not a scalar; "
+            "use true for a switch, a list for an nargs flag, a string or a number otherwise"
+        )
+    text = str(value)
+    if "\n" in text or "\r" in text or "\0" in text:
+        raise AnsibleFilterError(f"SGLang flag {flag}: a value may not contain a newline or NUL")
+    return text
+
+
+def argv_groups(args: Mapping[str, Any]) -> list[list[str]]:
+    """Launch arguments as one group per flag, in the mapping's order."""
+    if not isinstance(args, Mapping):
+        raise AnsibleFilterError(f"expected a mapping of SGLang flags, got {type(args).__name__}")
+    groups: list[list[str]] = []
+    for flag, value in args.items():
+        if not isinstance(flag, str) or not _FLAG.match(flag):
+            raise AnsibleFilterError(
+                f"{flag!r} is not a long SGLang flag: write it as '--name' (e.g. '--tp-size')"
+            )
+        if value is None or value is False:
+            continue
+        if value is True:
+            groups.append([flag])
+        elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            if not value:
+                raise AnsibleFilterError(f"SGLang flag {flag}: an nargs list may not be empty")
+            groups.append([flag] + [_word(flag, item) for item in value])
+        else:
+            groups.append([flag, _word(flag, value)])
+    return groups
+
+
+def argv(args: Mapping[str, Any]) -> list[str]:
+    """Launch arguments as a flat argv list, in the mapping's order."""
+    return [word for group in argv_groups(args) for word in group]
+
+
+def systemd_quote(word: Any) -> str:
+    """Quote one ExecStart word so that systemd passes it to the process verbatim."""
+    text = str(word)
+    if "\n" in text or "\0" in text:
+        raise AnsibleFilterError("a systemd ExecStart word may not contain a newline or NUL")
+    # systemd expands %-specifiers everywhere and $VAR/${VAR} in ExecStart; double them.
+    text = text.replace("%", "%%").replace("$", "$$")
+    if text == ";":
+        return "\\;"  # a lone ';' would separate commands
+    if text and _PLAIN_WORD.match(text):
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def env_quote(value: Any) -> str:
+    """Quote one EnvironmentFile value (double quotes, backslash escapes)."""
+    text = str(value)
+    if "\n" in text or "\0" in text:
+        raise AnsibleFilterError("an EnvironmentFile value may not contain a newline or NUL")
+    for char in ("\\", '"', "$", "`"):
+        text = text.replace(char, "\\" + char)
+    return f'"{text}"'
+
+
+class FilterModule:
+    """Jinja filters of the sglang_service role."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "sglang_service_argv": argv,
+            "sglang_service_argv_groups": argv_groups,
+            "sglang_service_systemd_quote": systemd_quote,
+            "sglang_service_env_quote": env_quote,
+        }
