@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Controller-side reports: the per-run rollout report and the seed's A/B table, each as JSON,
+Markdown and a PNG bar chart of TTFT ("shorter is better").
+
+    fleet_report.py rollout RUN_DIR     reads RUN_DIR/hosts/*.json (one record per host, written by
+                                        playbooks/rollout.yml), writes RUN_DIR/rollout.{json,md,png}
+    fleet_report.py ab RECORD_JSON      reads the A/B record (playbooks/ab_benchmark.yml), writes
+                                        .md and .png beside it
+
+Runs with the controller venv's Python (matplotlib is pinned in requirements/controller.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+VERDICT_ORDER = {"failed": 0, "rolled back": 0, "passed": 1, "unchanged": 2}
+
+
+def load_host_records(run_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted((run_dir / "hosts").glob("*.json")):
+        with path.open() as handle:
+            records.append(json.load(handle))
+    records.sort(key=lambda r: (r.get("order", 0), r.get("host", "")))
+    return records
+
+
+def _ms(value: Any) -> str:
+    if value is None:
+        return "–"
+    value = float(value)
+    return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.1f} ms"
+
+
+def _pct(value: Any) -> str:
+    return "–" if value is None else f"{100 * float(value):.1f} %"
+
+
+def host_row(record: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one host's probe, flattened for the table and the chart."""
+    probe = record.get("probe") or {}
+    cold = probe.get("cold") or {}
+    warm = probe.get("warm") or {}
+    # Prefer the host tier (what proves HiCache), else the device tier.
+    tier = "host" if "host" in warm else ("device" if "device" in warm else None)
+    warm_case = warm.get(tier) or {}
+    gate = probe.get("gate") or {}
+    return {
+        "host": record.get("host"),
+        "verdict": record.get("verdict"),
+        "config_hash": (record.get("config_hash") or "")[:12],
+        "cold_ttft_ms": cold.get("median_ttft_ms"),
+        "warm_tier": tier,
+        "warm_ttft_ms": warm_case.get("median_ttft_ms"),
+        "warm_cold_ratio": warm_case.get("warm_cold_ratio"),
+        "speedup": warm_case.get("speedup"),
+        "cached_fraction": warm_case.get("cached_fraction"),
+        "host_cached_fraction": warm_case.get("host_cached_fraction"),
+        "reasons": list(gate.get("reasons") or record.get("reasons") or []),
+        "note": record.get("note", ""),
+    }
+
+
+def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# hicache-fleet rollout {run.get('run_id', '')}",
+        "",
+        f"Inventory: `{run.get('inventory', '?')}` · hosts reported: {len(rows)} · "
+        f"verdict: **{run.get('verdict', '?')}**",
+        "",
+        *([f"> {run['note']}", ""] if run.get("note") else []),
+        "Each host was probed like the field report's A/B: a cold read of random token ids after "
+        "flushing the cache, then the same prefix again (for the host tier, after pushing it out of "
+        "GPU memory). A host passes when the warm read is fast and the server reports the tokens as "
+        "cached.",
+        "",
+        "| host | verdict | cold TTFT | warm TTFT (tier) | warm/cold | speedup | cached | from host RAM | config |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        speed = "–" if row["speedup"] is None else f"{float(row['speedup']):.1f}×"
+        ratio = "–" if row["warm_cold_ratio"] is None else f"{float(row['warm_cold_ratio']):.4f}"
+        lines.append(
+            f"| {row['host']} | {row['verdict']} | {_ms(row['cold_ttft_ms'])} | "
+            f"{_ms(row['warm_ttft_ms'])} ({row['warm_tier'] or '–'}) | {ratio} | {speed} | "
+            f"{_pct(row['cached_fraction'])} | {_pct(row['host_cached_fraction'])} | `{row['config_hash']}` |"
+        )
+    problems = [row for row in rows if row["reasons"] or row["note"]]
+    if problems:
+        lines += ["", "## Notes", ""]
+        for row in problems:
+            for reason in row["reasons"]:
+                lines.append(f"- **{row['host']}**: {reason}")
+            if row["note"]:
+                lines.append(f"- **{row['host']}**: {row['note']}")
+    return "\n".join(lines) + "\n"
+
+
+def ttft_chart(path: Path, title: str, labels: list[str], series: dict[str, list[float | None]]) -> None:
+    """Grouped horizontal bars of TTFT in seconds per label; each bar carries its figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"cold": "#c0504d", "warm": "#4f81bd"}
+    n_series = max(len(series), 1)
+    height = 0.8 / n_series
+    fig, ax = plt.subplots(figsize=(8, 1.8 + 0.6 * len(labels) * n_series))
+    top = max((v for values in series.values() for v in values if v is not None), default=1.0)
+    for index, (name, values) in enumerate(series.items()):
+        ys = [i + index * height for i in range(len(labels))]
+        widths = [(v or 0.0) / 1000 for v in values]
+        colour = colours.get(name.split()[0], None)
+        bars = ax.barh(ys, widths, height=height * 0.9, label=name, color=colour)
+        for bar, value in zip(bars, values, strict=True):
+            text = "n/a" if value is None else _ms(value)
+            ax.text(bar.get_width() + top / 1000 * 0.01, bar.get_y() + bar.get_height() / 2, " " + text,
+                    va="center", fontsize=9)
+    ax.set_yticks([i + height * (n_series - 1) / 2 for i in range(len(labels))], labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("time to first token, seconds (shorter is better)")
+    ax.set_xlim(0, top / 1000 * 1.25)
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=n_series, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_rollout(run_dir: Path) -> int:
+    records = load_host_records(run_dir)
+    meta_path = run_dir / "run.json"
+    run = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    rows = [host_row(r) for r in records]
+    if any(row["verdict"] in ("failed", "rolled back") for row in rows):
+        run["verdict"] = "stopped: a host failed its gate and was rolled back"
+    elif rows:
+        run["verdict"] = "every host passed or was already validated"
+    else:
+        run["verdict"] = "no host reported"
+    (run_dir / "rollout.json").write_text(json.dumps({"run": run, "hosts": records}, indent=2) + "\n")
+    (run_dir / "rollout.md").write_text(rollout_markdown(run, rows))
+    probed = [row for row in rows if row["cold_ttft_ms"] is not None]
+    if probed:
+        ttft_chart(
+            run_dir / "ttft.png",
+            "TTFT per host: cold read vs the same prefix again",
+            [f"{row['host']} ({row['verdict']})" for row in probed],
+            {
+                "cold (cache flushed)": [row["cold_ttft_ms"] for row in probed],
+                "warm (same prefix)": [row["warm_ttft_ms"] for row in probed],
+            },
+        )
+    print((run_dir / "rollout.md").read_text(), end="")
+    if probed:
+        print(f"\nchart: {run_dir / 'ttft.png'}")
+    return 0
+
+
+def ab_markdown(record: dict[str, Any]) -> str:
+    cases = record.get("cases", [])
+    base_cap = next((c.get("max_total_num_tokens") for c in cases if c.get("hicache") is False), None)
+    lines = [
+        f"# HiCache A/B on {record.get('host', '?')}",
+        "",
+        "Launch commands identical except for the HiCache arguments; cold = cache flushed, "
+        f"{record.get('input_len', '?')} random input ids; warm = the same ids again. "
+        f"Medians of {record.get('repeats', '?')} runs.",
+        "",
+        "| case | TTFT | input throughput | E2E | GPU KV capacity (tokens) | capacity change |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        cap = case.get("max_total_num_tokens")
+        change = "–"
+        if cap and base_cap and case.get("hicache"):
+            change = f"{100 * (cap - base_cap) / base_cap:+.1f} %"
+        thr = case.get("input_throughput")
+        lines.append(
+            f"| {case['name']} | {_ms(case.get('median_ttft_ms'))} | "
+            f"{'–' if thr is None else f'{float(thr):,.0f} tok/s'} | {_ms(case.get('median_e2e_latency_ms'))} | "
+            f"{'–' if cap is None else f'{int(cap):,}'} | {change} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def cmd_ab(record_path: Path) -> int:
+    record = json.loads(record_path.read_text())
+    md_path = record_path.with_suffix(".md")
+    md_path.write_text(ab_markdown(record))
+    cases = record.get("cases", [])
+    ttft_chart(
+        record_path.with_suffix(".png"),
+        f"HiCache A/B on {record.get('host', '?')}: TTFT per case",
+        [case["name"] for case in cases],
+        {"TTFT": [case.get("median_ttft_ms") for case in cases]},
+    )
+    print(md_path.read_text(), end="")
+    print(f"\nchart: {record_path.with_suffix('.png')}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("rollout").add_argument("run_dir", type=Path)
+    sub.add_parser("ab").add_argument("record", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "rollout":
+        return cmd_rollout(args.run_dir)
+    return cmd_ab(args.record)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
