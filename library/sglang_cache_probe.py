@@ -573,7 +573,7 @@ def summarize_case(runs: list[dict], input_len: int, output_len: int) -> dict:
     ttfts = [r["ttft_s"] for r in runs]
     e2es = [r["e2e_s"] for r in runs]
     prompts = [r.get("prompt_tokens") or input_len for r in runs]
-    throughputs = [p / e for p, e in zip(prompts, e2es) if e and e > 0]
+    throughputs = [p / e for p, e in zip(prompts, e2es, strict=False) if e and e > 0]
     tpots = [
         (r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1)
         for r in runs
@@ -996,7 +996,7 @@ def wait_until_healthy(client: SGLangClient, ready_timeout: float,
     path = "/health_generate"
     attempts = 0
     refused = False
-    max_attempts = int(ready_timeout / POLL_INTERVAL_S) + 2
+    max_attempts = int(ready_timeout / POLL_INTERVAL_S) + 3
     while attempts < max_attempts:
         attempts += 1
         remaining = deadline - clock()
@@ -1018,9 +1018,10 @@ def wait_until_healthy(client: SGLangClient, ready_timeout: float,
             if status in (401, 403):
                 raise client._status_error("GET", path, status, "", data)
             last = f"GET {client.url}{path} answered HTTP {status}" + (f" ({_excerpt(data)})" if data else "")
-        if clock() + POLL_INTERVAL_S > deadline:
+        remaining = deadline - clock()
+        if remaining <= 0:
             break
-        time.sleep(POLL_INTERVAL_S)
+        time.sleep(min(POLL_INTERVAL_S, remaining))
     if refused:
         raise ConnectError(f"{last} (kept trying for ready_timeout {ready_timeout:g} s)")
     raise ProbeError(f"the server at {client.url} did not become healthy within ready_timeout "
@@ -1033,7 +1034,7 @@ def flush_cache(client: SGLangClient, flush_timeout: float,
     """POST /flush_cache, retried while the server refuses (busy); returns the attempts made."""
     deadline = clock() + flush_timeout
     attempts = 0
-    max_attempts = int(flush_timeout / POLL_INTERVAL_S) + 2
+    max_attempts = int(flush_timeout / POLL_INTERVAL_S) + 3
     last = ""
     while attempts < max_attempts:
         attempts += 1
@@ -1043,9 +1044,10 @@ def flush_cache(client: SGLangClient, flush_timeout: float,
         if status in (401, 403, 404) or status >= 500:
             raise client._status_error("POST", "/flush_cache", status, "", data)
         last = f"HTTP {status} {_excerpt(data)}"
-        if clock() + POLL_INTERVAL_S > deadline:
+        remaining = deadline - clock()
+        if remaining <= 0:
             break
-        time.sleep(POLL_INTERVAL_S)
+        time.sleep(min(POLL_INTERVAL_S, remaining))
     raise ProbeError(f"POST {client.url}/flush_cache was refused for flush_timeout {flush_timeout:g} s "
                      f"({attempts} attempts, last: {last}); the server stays busy with other requests: "
                      "stop the traffic to this host (drain it) or raise flush_timeout.")
@@ -1168,7 +1170,7 @@ def main() -> None:
             result["report_path"] = p["report_path"]
     except ProbeError as exc:
         module.fail_json(msg=str(exc), changed=client.requests_sent > 0, **result)
-    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback
+    except Exception as exc:
         module.fail_json(msg=f"unexpected {type(exc).__name__} while probing {p['url']}: {exc}",
                          changed=client.requests_sent > 0, **result)
     result["msg"] = summary_line(result)

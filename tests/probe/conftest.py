@@ -1,0 +1,113 @@
+"""Fixtures of the probe tests: the module imported from its path, option sets, Ansible runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE_PATH = REPO / "library" / "sglang_cache_probe.py"
+VENV_BIN = REPO / ".venv" / "bin"
+
+
+def load_probe() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sglang_cache_probe", MODULE_PATH)
+    assert spec
+    assert spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def probe() -> ModuleType:
+    return load_probe()
+
+
+@pytest.fixture
+def params(probe: ModuleType):
+    """Module options with the module's defaults, small enough for a fake server."""
+
+    def make(**over: Any) -> dict:
+        p = {name: spec.get("default") for name, spec in probe.ARGUMENT_SPEC.items()}
+        p.update(input_len=512, cold_output_len=4, warm_output_len=2, repeats=1,
+                 ready_timeout=2.0, flush_timeout=1.0, request_timeout=10.0)
+        p.update(over)
+        return p
+
+    return make
+
+
+def ansible_bin(name: str) -> str:
+    candidate = VENV_BIN / name
+    return str(candidate) if candidate.exists() else name
+
+
+def ansible_env(tmp_path: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
+        ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_DEPRECATION_WARNINGS="0",
+        ANSIBLE_RETRY_FILES_ENABLED="0",
+    )
+    return env
+
+
+PLAYBOOK = """\
+- name: Run the probe once
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Probe
+      sglang_cache_probe: {args}
+      register: probe_result
+      ignore_errors: true
+    - name: Save the result for the test
+      ansible.builtin.copy:
+        content: "{{{{ probe_result | to_json }}}}"
+        dest: "{dest}"
+        mode: "0600"
+      check_mode: false
+"""
+
+
+def run_module(tmp_path: Path, args: dict, check: bool = False, timeout: float = 180) -> dict:
+    """Run the module through ansible-playbook (local connection) and return its registered result.
+
+    The interpreter is the one running pytest: stdlib is all the module needs, and interpreter
+    discovery on a developer machine may pick a shim that does not run."""
+    dest = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json"
+    playbook = tmp_path / "probe.yml"
+    playbook.write_text(PLAYBOOK.format(args=json.dumps(args), dest=dest))
+    cmd = [ansible_bin("ansible-playbook"), "-i", "localhost,", str(playbook),
+           "-e", json.dumps({"ansible_python_interpreter": sys.executable})]
+    if check:
+        cmd.append("--check")
+    proc = subprocess.run(cmd, cwd=REPO, env=ansible_env(tmp_path), capture_output=True, text=True,
+                          timeout=timeout)
+    if not dest.exists():
+        pytest.fail(f"ansible-playbook saved no result (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    result = json.loads(dest.read_text())
+    result["_rc"] = proc.returncode
+    result["_stdout"] = proc.stdout
+    return result
+
+
+@pytest.fixture
+def ansible_run(tmp_path: Path):
+    def run(args: dict, check: bool = False) -> dict:
+        return run_module(tmp_path, args, check=check)
+
+    return run
