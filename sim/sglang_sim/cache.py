@@ -1,0 +1,285 @@
+"""A two-tier, page-granular prefix cache: the device pool (GPU KV) and the HiCache host pool.
+
+Token ids are stored as int64 bytes and cut into blocks of ``block_tokens`` tokens (the page size
+when it is > 1, else SGLANG_SIM_BLOCK_TOKENS). Each block is a node keyed by a chained hash of
+its parent's key and its bytes, so a 128K-token prompt costs about 2,000 dict look-ups, not a
+per-token loop. Inside the block where two sequences part, the common prefix is found by
+comparing byte slices (binary search), so with page size 1 matches are exact to the token.
+
+Each tier has an LRU list. A request touches its path leaf-first, so a parent is always more
+recent than its children and eviction takes leaves first. Device eviction keeps the host copy
+(write_through backs every computed block up at once; write_back writes on eviction;
+write_through_selective backs up a block once it has been hit); without HiCache an evicted block
+is gone. The host pool evicts with its own LRU. A block shared by two branches that part inside
+it is stored once per branch, so capacity accounting can be off by up to one block per branch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+TOKEN_BYTES = 8  # ids are stored as int64
+
+
+class Node:
+    __slots__ = ("hits", "key", "lock", "ntok", "on_device", "on_host", "parent", "tokens")
+
+    def __init__(self, key: int, parent: int, tokens: bytes) -> None:
+        self.key = key
+        self.parent = parent
+        self.tokens = tokens
+        self.ntok = len(tokens) // TOKEN_BYTES
+        self.lock = 0
+        self.hits = 0
+        self.on_device = False
+        self.on_host = False
+
+
+@dataclass
+class Match:
+    device_tokens: int = 0
+    host_tokens: int = 0
+    path: list[int] = field(default_factory=list)  # keys of nodes used (fully or partly)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.device_tokens + self.host_tokens
+
+
+def _common_prefix_tokens(a: bytes, b: bytes) -> int:
+    """Number of leading int64 tokens two byte strings share (binary search on slices)."""
+    lo, hi = 0, min(len(a), len(b)) // TOKEN_BYTES
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        end = mid * TOKEN_BYTES
+        if a[:end] == b[:end]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PrefixCache:
+    ROOT = 0
+
+    def __init__(
+        self,
+        device_capacity: int,
+        host_capacity: int,
+        page_size: int,
+        block_tokens: int,
+        write_policy: str = "write_through",
+        use_host: bool = True,
+    ) -> None:
+        self.device_capacity = device_capacity
+        self.host_capacity = host_capacity if use_host else 0
+        self.page_size = max(1, page_size)
+        self.block_tokens = self.page_size if self.page_size > 1 else max(1, block_tokens)
+        self.write_policy = write_policy
+        self.use_host = use_host and host_capacity > 0
+        self.nodes: dict[int, Node] = {}
+        self.children: dict[int, set[int]] = {}
+        self.device_lru: OrderedDict[int, None] = OrderedDict()
+        self.host_lru: OrderedDict[int, None] = OrderedDict()
+        self.device_used = 0
+        self.host_used = 0
+        self.evicted_device_tokens = 0
+        self.evicted_host_tokens = 0
+
+    # ----------------------------------------------------------------- queries
+    def _key(self, parent: int, block: bytes) -> int:
+        key = hash((parent, block))
+        return key if key != self.ROOT else 1
+
+    def _resident(self, node: Node) -> bool:
+        return node.on_device or (self.use_host and node.on_host)
+
+    def match(self, data: bytes) -> Match:
+        """Longest cached prefix of ``data`` (int64 token bytes), leaving at least one token to
+        compute, as SGLang does, and whole pages when the page size is > 1."""
+        ntok = len(data) // TOKEN_BYTES
+        limit = max(0, ntok - 1) // self.page_size * self.page_size
+        result = Match()
+        step = self.block_tokens * TOKEN_BYTES
+        end = limit * TOKEN_BYTES
+        parent = self.ROOT
+        nodes = self.nodes
+        for start in range(0, end, step):
+            block = data[start:min(start + step, end)]
+            key = self._key(parent, block)
+            node = nodes.get(key)
+            if node is not None and node.tokens == block and self._resident(node):
+                self._count(result, node, node.ntok)
+                parent = key
+                continue
+            self._partial(result, parent, block)
+            break
+        return result
+
+    def _count(self, result: Match, node: Node, ntok: int) -> None:
+        if node.on_device:
+            result.device_tokens += ntok
+        else:
+            result.host_tokens += ntok
+        result.path.append(node.key)
+
+    def _partial(self, result: Match, parent: int, block: bytes) -> None:
+        best, best_len = None, 0
+        for key in self.children.get(parent, ()):
+            node = self.nodes[key]
+            if not self._resident(node):
+                continue
+            shared = _common_prefix_tokens(node.tokens, block)
+            if shared > best_len:
+                best, best_len = node, shared
+        best_len = best_len // self.page_size * self.page_size
+        if best is not None and best_len > 0:
+            self._count(result, best, best_len)
+
+    # ----------------------------------------------------------------- locking
+    def lock(self, path: list[int], delta: int) -> None:
+        for key in path:
+            node = self.nodes.get(key)
+            if node is not None:
+                node.lock = max(0, node.lock + delta)
+
+    # ----------------------------------------------------------------- updates
+    def insert(self, data: bytes, hit_path: list[int] | None = None) -> int:
+        """Cache the blocks of ``data`` on the device (loading host hits back), back them up to
+        the host per the write policy, and touch the path. Returns the tokens now cached."""
+        for key in hit_path or ():
+            node = self.nodes.get(key)
+            if node is not None:
+                node.hits += 1
+        step = self.block_tokens * TOKEN_BYTES
+        parent = self.ROOT
+        path: list[Node] = []
+        cached = 0
+        for start in range(0, len(data), step):
+            block = data[start:start + step]
+            key = self._key(parent, block)
+            node = self.nodes.get(key)
+            if node is None or node.tokens != block:
+                if node is not None:  # hash collision: keep the old node, stop caching here
+                    break
+                node = Node(key, parent, block)
+                self.nodes[key] = node
+                self.children.setdefault(parent, set()).add(key)
+            node.lock += 1  # protect the path while making room
+            path.append(node)
+            if not node.on_device and not self._place_on_device(node):
+                break
+            if self.use_host and not node.on_host and self._backs_up_now(node):
+                self._place_on_host(node)
+            cached += node.ntok
+            parent = key
+        for node in path:
+            node.lock -= 1
+            if not node.on_device and not node.on_host:
+                self._drop(node)
+        for node in reversed(path):
+            if node.on_device:
+                self.device_lru.move_to_end(node.key)
+            if node.on_host and node.key in self.host_lru:
+                self.host_lru.move_to_end(node.key)
+        return cached
+
+    def _backs_up_now(self, node: Node) -> bool:
+        if self.write_policy == "write_through":
+            return True
+        if self.write_policy == "write_through_selective":
+            return node.hits >= 1
+        return False  # write_back: on eviction
+
+    def _place_on_device(self, node: Node) -> bool:
+        if node.ntok > self.device_capacity:
+            return False
+        while self.device_used + node.ntok > self.device_capacity:
+            if not self._evict_device():
+                return False
+        node.on_device = True
+        self.device_used += node.ntok
+        self.device_lru[node.key] = None
+        return True
+
+    def _place_on_host(self, node: Node) -> bool:
+        if node.ntok > self.host_capacity:
+            return False
+        while self.host_used + node.ntok > self.host_capacity:
+            if not self._evict_host():
+                return False
+        node.on_host = True
+        self.host_used += node.ntok
+        self.host_lru[node.key] = None
+        return True
+
+    def _evict_device(self) -> bool:
+        for key in self.device_lru:
+            node = self.nodes[key]
+            if node.lock == 0:
+                break
+        else:
+            return False
+        del self.device_lru[key]
+        node.on_device = False
+        self.device_used -= node.ntok
+        self.evicted_device_tokens += node.ntok
+        if self.use_host and not node.on_host:
+            backup = self.write_policy == "write_back" or (
+                self.write_policy == "write_through_selective" and node.hits >= 1
+            )
+            if backup:
+                self._place_on_host(node)
+        if not node.on_host:
+            self._drop(node)
+        return True
+
+    def _evict_host(self) -> bool:
+        for key in self.host_lru:
+            node = self.nodes[key]
+            if node.lock == 0:
+                break
+        else:
+            return False
+        del self.host_lru[key]
+        node.on_host = False
+        self.host_used -= node.ntok
+        self.evicted_host_tokens += node.ntok
+        if not node.on_device:
+            self._drop(node)
+        return True
+
+    def _drop(self, node: Node) -> None:
+        """Forget a node held by neither tier, and its descendants (now unreachable)."""
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if self.nodes.get(current.key) is not current:
+                continue
+            if current.lock:
+                continue
+            del self.nodes[current.key]
+            siblings = self.children.get(current.parent)
+            if siblings is not None:
+                siblings.discard(current.key)
+                if not siblings:
+                    del self.children[current.parent]
+            if current.on_device:
+                current.on_device = False
+                self.device_used -= current.ntok
+                self.device_lru.pop(current.key, None)
+            if current.on_host:
+                current.on_host = False
+                self.host_used -= current.ntok
+                self.host_lru.pop(current.key, None)
+            for child in list(self.children.get(current.key, ())):
+                stack.append(self.nodes[child])
+
+    def flush(self) -> None:
+        self.nodes.clear()
+        self.children.clear()
+        self.device_lru.clear()
+        self.host_lru.clear()
+        self.device_used = 0
+        self.host_used = 0

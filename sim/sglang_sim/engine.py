@@ -1,0 +1,273 @@
+"""The simulated scheduler: admission, the prefill/decode timing model, cache use, metrics.
+
+Timing (modelled seconds; the simulator sleeps modelled x SGLANG_SIM_TIME_SCALE):
+    prefill = uncached_tokens / prefill_rate + host_hit_tokens / load_rate   (device hits: free)
+    decode  = 1 / decode_rate per generated token after the first
+Up to --max-running-requests requests run; the others queue. Prefills run one at a time (one
+GPU batch), decodes of running requests overlap.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cache import PrefixCache
+from .model import ModelInfo, PoolSizes
+from .settings import Settings
+from .tokenizer import output_id, output_piece
+
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class SimRequest:
+    ids: array  # int64 prompt ids
+    max_new_tokens: int = 128
+    stream: bool = False
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    log_metrics: bool = True
+
+
+@dataclass
+class Event:
+    """One step of a request's output: token ``index`` (0-based) and cumulative state."""
+
+    index: int
+    piece: str
+    token_id: int
+    finished: bool
+    meta: dict[str, Any]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.prompt_tokens: dict[str, int] = {"true": 0, "false": 0}
+        self.generation_tokens: dict[str, int] = {"true": 0, "false": 0}
+        self.num_requests: dict[str, int] = {"true": 0, "false": 0}
+        self.cached_by_source: dict[str, int] = {}
+        self.ttft: dict[str, list[float]] = {"true": [], "false": []}
+        self.last_hit_rate = 0.0
+        self.last_gen_throughput = 0.0
+
+
+class Engine:
+    def __init__(self, values: dict[str, Any], model: ModelInfo, sizes: PoolSizes,
+                 settings: Settings, log) -> None:
+        self.values = values
+        self.model = model
+        self.sizes = sizes
+        self.settings = settings
+        self.log = log
+        self.page_size = int(values.get("page_size") or 1)
+        self.context_len = int(values.get("context_length") or model.max_position_embeddings)
+        self.max_running = int(values.get("max_running_requests") or 48)
+        self.max_req_input_len = min(self.context_len - 1, sizes.device_tokens - 1) - 5
+        self.hicache = bool(values.get("enable_hierarchical_cache"))
+        faults = settings.faults
+        self.host_tier_used = self.hicache and "ignore_host_tier" not in faults
+        self.prefill_rate = settings.prefill_rate / (
+            settings.slow_factor if "slow_prefill" in faults else 1.0
+        )
+        self.cache = PrefixCache(
+            device_capacity=sizes.device_tokens,
+            host_capacity=sizes.host_tokens,
+            page_size=self.page_size,
+            block_tokens=settings.block_tokens,
+            write_policy=str(values.get("hicache_write_policy") or "write_through"),
+            use_host=self.host_tier_used,
+        )
+        self.cache_lock = threading.Lock()
+        self.gpu_lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.running = 0
+        self.queued = 0
+        self.flush_pending = False
+        self.metrics = Metrics()
+
+    # ---------------------------------------------------------------- helpers
+    def scaled_sleep_until(self, deadline: float) -> None:
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def validate(self, req: SimRequest) -> None:
+        n = len(req.ids)
+        if n == 0:
+            raise RequestError(400, "The input is empty.")
+        if n >= self.context_len:
+            raise RequestError(
+                400,
+                f"The input ({n} tokens) is longer than the model's context length "
+                f"({self.context_len} tokens).",
+            )
+        if req.max_new_tokens + n > self.context_len:
+            raise RequestError(
+                400,
+                "Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens. You requested a total of "
+                f"{req.max_new_tokens + n} tokens: {n} tokens from the input messages and "
+                f"{req.max_new_tokens} tokens for the completion. Please reduce the number of "
+                "tokens in the input messages or the completion to fit within the limit.",
+            )
+        if n >= self.max_req_input_len:
+            raise RequestError(
+                400,
+                f"Input length ({n} tokens) exceeds the maximum allowed length "
+                f"({self.max_req_input_len} tokens). Use a shorter input or enable "
+                "--allow-auto-truncate.",
+            )
+
+    def busy(self) -> bool:
+        return self.running > 0 or self.queued > 0
+
+    # ---------------------------------------------------------------- flush
+    def flush(self, timeout: float) -> tuple[bool, str]:
+        with self.cond:
+            if self.flush_pending:
+                return False, "Another flush_cache is already in progress."
+            if self.busy():
+                if timeout <= 0:
+                    self.log(
+                        "Cache not flushed because there are pending requests. "
+                        f"#queue-req: {self.queued}, #running-req: {self.running}"
+                    )
+                    return False, ""
+                self.flush_pending = True
+                try:
+                    deadline = time.monotonic() + timeout
+                    while self.busy():
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            self.log("Deferred flush_cache timed out while waiting for idle state.")
+                            return False, "Timed out waiting for idle state."
+                        self.cond.wait(left)
+                finally:
+                    self.flush_pending = False
+            with self.cache_lock:
+                self.cache.flush()
+            self.log("Cache flushed successfully!")
+            return True, ""
+
+    # ---------------------------------------------------------------- running
+    def run(self, req: SimRequest) -> Iterator[Event]:
+        """Run a request; yields one Event per generated token (at least one)."""
+        self.validate(req)
+        if "generate_500" in self.settings.faults:
+            raise RequestError(500, "[sglang-sim] SIMULATOR fault generate_500: internal error")
+        scale = self.settings.time_scale
+        t_arrive = time.monotonic()
+        with self.cond:
+            self.queued += 1
+            try:
+                while self.running >= self.max_running:
+                    self.cond.wait()
+            finally:
+                self.queued -= 1
+            self.running += 1
+        data = req.ids.tobytes()
+        n = len(req.ids)
+        locked: list[int] = []
+        try:
+            with self.gpu_lock:
+                t_start = time.monotonic()
+                with self.cache_lock:
+                    match = self.cache.match(data)
+                    locked = match.path
+                    self.cache.lock(locked, +1)
+                uncached = n - match.cached_tokens
+                modelled = uncached / self.prefill_rate + match.host_tokens / self.settings.load_rate
+                self.scaled_sleep_until(t_start + modelled * scale)
+                with self.cache_lock:
+                    self.cache.lock(locked, -1)
+                    locked = []
+                    self.cache.insert(data, match.path)
+            t_first = time.monotonic()
+            ttft = t_first - t_arrive
+            seed = hash(data[-64:]) & 0x7FFFFFFF
+            meta_base = {
+                "prompt_tokens": n,
+                "cached_tokens": match.cached_tokens,
+                "details": self._details(match.device_tokens, match.host_tokens),
+                "ttft": ttft,
+                "sim": {
+                    "simulator": True,
+                    "modelled_prefill_s": modelled,
+                    "uncached_tokens": uncached,
+                    "device_hit_tokens": match.device_tokens,
+                    "host_hit_tokens": match.host_tokens,
+                    "time_scale": scale,
+                    "queue_s": t_start - t_arrive,
+                },
+            }
+            total = max(0, req.max_new_tokens)
+            if total == 0:
+                self._record(req, n, 0, match.device_tokens, match.host_tokens, ttft)
+                yield Event(-1, "", 0, True, dict(meta_base, completion_tokens=0))
+                return
+            decode_dt = scale / self.settings.decode_rate
+            cut_after = self.settings.cut_after if "cut_stream" in self.settings.faults else None
+            for i in range(total):
+                if i:
+                    self.scaled_sleep_until(t_first + i * decode_dt)
+                if cut_after is not None and i >= max(1, cut_after) and req.stream:
+                    raise ConnectionAbortedError("[sglang-sim] SIMULATOR fault cut_stream")
+                finished = i == total - 1
+                if finished:
+                    self._record(req, n, total, match.device_tokens, match.host_tokens, ttft)
+                    elapsed = time.monotonic() - t_first
+                    if elapsed > 0 and total > 1:
+                        self.metrics.last_gen_throughput = (total - 1) / elapsed
+                yield Event(i, output_piece(seed, i), output_id(seed, i, self.model.vocab_size),
+                            finished, dict(meta_base, completion_tokens=i + 1))
+        finally:
+            if locked:
+                with self.cache_lock:
+                    self.cache.lock(locked, -1)
+            with self.cond:
+                self.running -= 1
+                self.cond.notify_all()
+
+    def _details(self, device: int, host: int) -> dict[str, int] | None:
+        if device > 0 or host > 0:
+            return {"device": device, "host": host}
+        return None
+
+    def _record(self, req: SimRequest, prompt: int, completion: int, device: int, host: int,
+                ttft: float) -> None:
+        if not req.log_metrics:
+            return
+        label = "true" if req.stream else "false"
+        m = self.metrics
+        with m.lock:
+            m.prompt_tokens[label] += prompt
+            m.generation_tokens[label] += completion
+            m.num_requests[label] += 1
+            for source, value in (("device", device), ("host", host)):
+                if value > 0:
+                    m.cached_by_source[source] = m.cached_by_source.get(source, 0) + value
+            m.ttft[label].append(ttft)
+            m.last_hit_rate = (device + host) / prompt if prompt else 0.0
+
+    # ---------------------------------------------------------------- state
+    def snapshot(self) -> dict[str, Any]:
+        with self.cache_lock:
+            return {
+                "device_used_tokens": self.cache.device_used,
+                "host_used_tokens": self.cache.host_used,
+                "cached_blocks": len(self.cache.nodes),
+                "running": self.running,
+                "queued": self.queued,
+            }
