@@ -1,0 +1,192 @@
+"""Unit tests of the simulator's pieces: pool sizing, argv parsing, tokenizer, prefix cache."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+from sglang_sim.args import UsageError, parse_argv
+from sglang_sim.cache import PrefixCache
+from sglang_sim.model import read_model, size_pools
+from sglang_sim.settings import SettingsError, load_settings
+from sglang_sim.tokenizer import tokenize
+
+SEED_BASE = ["--tp-size", "2", "--mem-fraction-static", "0.80", "--context-length", "196608"]
+SEED_HICACHE = ["--enable-hierarchical-cache", "--hicache-size", "12", "--hicache-ratio", "2.0",
+                "--hicache-io-backend", "kernel", "--hicache-host-memory-mode", "cache",
+                "--hicache-write-policy", "write_through"]
+
+
+def _sizes(model_dir, extra, env=None):
+    args = parse_argv(["--model-path", str(model_dir), *SEED_BASE, *extra])
+    return size_pools(read_model(str(model_dir)), args.values, load_settings(env or {}))
+
+
+def test_seed_capacities_are_the_calibration_targets(model_dir):
+    off = _sizes(model_dir, [])
+    on = _sizes(model_dir, SEED_HICACHE)
+    assert off.kv_bytes_per_token == 16 * 2 * 2 * 256 * 2  # 16 full-attn layers, 2 KV heads/rank
+    assert off.device_tokens == 233_207
+    assert on.device_tokens == 159_692
+    assert round(1 - on.device_tokens / off.device_tokens, 3) == 0.315
+    # --hicache-size is GB (1e9 bytes) per rank, plus SGLang's one padding page.
+    assert on.host_tokens == 12 * 10**9 // 32_768 + 1
+    assert off.host_tokens == 0
+
+
+def test_host_pool_from_ratio_and_page_alignment(model_dir):
+    sizes = _sizes(model_dir, ["--enable-hierarchical-cache", "--hicache-ratio", "1.5",
+                               "--page-size", "64"])
+    assert sizes.device_tokens % 64 == 0
+    assert sizes.host_tokens == (int(sizes.device_tokens * 1.5) // 64 + 1) * 64
+
+
+def test_device_tokens_env_and_gpu_size_change_capacity(model_dir):
+    assert _sizes(model_dir, [], {"SGLANG_SIM_DEVICE_TOKENS": "5000"}).device_tokens == 5000
+    small = _sizes(model_dir, [], {"SGLANG_SIM_GPU_MEM_GB": "20,20"}).device_tokens
+    assert 0 < small < 233_207
+
+
+def test_seed_section6_command_parses_and_reports_ignored_flags(model_dir):
+    argv = ["--model-path", str(model_dir), "--served-model-name", "m", "--host", "127.0.0.1",
+            "--port", "30004", *SEED_BASE, "--quantization", "gptq", "--dtype", "bfloat16",
+            "--mamba-ssm-dtype", "bfloat16", "--kv-cache-dtype", "bfloat16",
+            "--attention-backend", "triton", "--max-running-requests", "3",
+            "--max-mamba-cache-size", "20", "--chunked-prefill-size", "2048",
+            "--enable-mixed-chunk", "--cuda-graph-bs-decode", "1", "2", "4",
+            "--triton-attention-num-kv-splits", "16", "--reasoning-parser", "qwen3",
+            "--tool-call-parser", "qwen3_coder", "--enable-cache-report", *SEED_HICACHE,
+            "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/d",
+            "--speculative-draft-model-quantization", "compressed-tensors",
+            "--speculative-num-draft-tokens", "8", "--speculative-draft-window-size", "2048",
+            "--stream-interval", "1"]
+    args = parse_argv(argv)
+    assert args.values["hicache_size"] == 12
+    assert args.values["cuda_graph_bs_decode"] == [1, 2, 4]
+    assert args.values["enable_mixed_chunk"] is True
+    assert args.unknown_flags == []
+    assert "--speculative-algorithm" in args.ignored_flags
+    assert "--hicache-size" not in args.ignored_flags
+    assert len(args.ignored_flags) == len(set(args.ignored_flags))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--hicache-size", "0.5"], "argument --hicache-size: invalid int value: '0.5'"),
+        (["--hicache-write-policy", "foo"], "invalid choice: 'foo'"),
+        (["--hicache-host-memory-mode", "disk"], "invalid choice: 'disk'"),
+        (["--mem-fraction-static", "1.5"], "--mem-fraction-static"),
+        (["--cuda-graph-bs", "1"], "ambiguous option: --cuda-graph-bs"),
+        (["--page-size", "0"], "--page-size"),
+        (["--enable-cache-report=yes"], "ignored explicit argument"),
+        (["stray"], "unrecognized arguments: stray"),
+    ],
+)
+def test_invalid_values_are_usage_errors(model_dir, extra, message):
+    with pytest.raises(UsageError) as err:
+        parse_argv(["--model-path", str(model_dir), *extra])
+    assert message in str(err.value)
+
+
+def test_unknown_flags_are_accepted_with_their_values(model_dir):
+    args = parse_argv(["--model-path", str(model_dir), "--some-plugin-flag", "a", "b",
+                       "--tp-size", "2"])
+    assert args.unknown_flags == ["--some-plugin-flag"]
+    assert args.values["tp_size"] == 2
+
+
+def test_settings_reject_unknown_fault():
+    with pytest.raises(SettingsError, match="unknown fault"):
+        load_settings({"SGLANG_SIM_FAULT": "explode"})
+
+
+def test_tokenizer_is_deterministic_and_dense():
+    text = "The quick brown fox jumps over the lazy dog. " * 10
+    ids = tokenize(text, 248_320)
+    assert list(ids) == list(tokenize(text, 248_320))
+    assert len(ids) == (len(text.encode()) + 3) // 4
+    assert all(0 <= i < 248_320 for i in ids)
+    assert list(tokenize("abcd", 1 << 40)) == [int.from_bytes(b"abcd", "little")]
+
+
+def _ids(start: int, n: int) -> bytes:
+    return array("q", range(start, start + n)).tobytes()
+
+
+def test_cache_device_hit_then_host_hit_after_eviction():
+    cache = PrefixCache(device_capacity=1000, host_capacity=3000, page_size=1, block_tokens=64)
+    a, b = _ids(0, 800), _ids(10_000, 800)
+    assert cache.match(a).cached_tokens == 0
+    cache.insert(a)
+    hit = cache.match(a)
+    assert (hit.device_tokens, hit.host_tokens) == (799, 0)  # the last token is always computed
+    cache.insert(b)  # pushes a out of the device pool; write_through kept a host copy
+    hit = cache.match(a)
+    assert hit.device_tokens < 799
+    assert hit.cached_tokens == 799
+    assert hit.host_tokens > 0
+    cache.insert(a, hit.path)  # loaded back to the device
+    assert cache.match(a).device_tokens == 799
+    assert cache.device_used <= 1000
+    assert cache.host_used <= 3000
+
+
+def test_cache_without_host_tier_forgets_evicted_pages():
+    cache = PrefixCache(device_capacity=1000, host_capacity=0, page_size=1, block_tokens=64,
+                        use_host=False)
+    a, b = _ids(0, 800), _ids(10_000, 800)
+    cache.insert(a)
+    cache.insert(b)
+    hit = cache.match(a)
+    assert hit.host_tokens == 0
+    assert hit.cached_tokens < 799
+
+
+def test_cache_write_back_copies_on_eviction_only():
+    cache = PrefixCache(device_capacity=1000, host_capacity=3000, page_size=1, block_tokens=64,
+                        write_policy="write_back")
+    a, b = _ids(0, 800), _ids(10_000, 800)
+    cache.insert(a)
+    assert cache.host_used == 0
+    cache.insert(b)
+    assert cache.host_used > 0
+    assert cache.match(a).cached_tokens == 799
+
+
+def test_cache_partial_block_match_is_token_exact():
+    cache = PrefixCache(device_capacity=10_000, host_capacity=0, page_size=1, block_tokens=64,
+                        use_host=False)
+    cache.insert(_ids(0, 1000))
+    other = array("q", range(1000))
+    other[700] = 999_999
+    assert cache.match(other.tobytes()).cached_tokens == 700
+
+
+def test_cache_page_size_rounds_hits_down_to_pages():
+    cache = PrefixCache(device_capacity=10_000, host_capacity=0, page_size=16, block_tokens=64,
+                        use_host=False)
+    cache.insert(_ids(0, 1000))
+    other = array("q", range(1000))
+    other[700] = 999_999
+    assert cache.match(other.tobytes()).cached_tokens == 688
+    assert cache.match(_ids(0, 1000)).cached_tokens == 992
+
+
+def test_cache_flush_clears_both_tiers():
+    cache = PrefixCache(device_capacity=1000, host_capacity=3000, page_size=1, block_tokens=64)
+    cache.insert(_ids(0, 800))
+    cache.insert(_ids(10_000, 800))
+    assert cache.host_used > 0
+    cache.flush()
+    assert (cache.device_used, cache.host_used) == (0, 0)
+    assert cache.match(_ids(0, 800)).cached_tokens == 0
+
+
+def test_host_pool_lru_evicts_its_oldest():
+    cache = PrefixCache(device_capacity=1000, host_capacity=1700, page_size=1, block_tokens=64)
+    for start in (0, 10_000, 20_000):
+        cache.insert(_ids(start, 800))
+    assert cache.host_used <= 1700
+    assert cache.match(_ids(0, 800)).cached_tokens < 799  # oldest gone from both tiers
+    assert cache.match(_ids(20_000, 800)).cached_tokens == 799
