@@ -10,6 +10,7 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``sglang_service_systemd_quote(word)``: one word in systemd's ExecStart syntax, so it reaches the
   process unchanged (spaces, quotes, backslashes, ``%`` specifiers, ``$`` expansion).
 - ``sglang_service_env_quote(value)``: one value in EnvironmentFile syntax.
+- ``sglang_service_host_pool_gb(mapping)``: GB of pinned host RAM the HiCache pools take.
 """
 
 from __future__ import annotations
@@ -67,6 +68,38 @@ def argv(args: Mapping[str, Any]) -> list[str]:
     return [word for group in argv_groups(args) for word in group]
 
 
+def _whole(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def host_pool_gb(args: Mapping[str, Any]) -> int:
+    """GB (1e9 bytes) of host RAM the HiCache pools of all TP ranks pin: tp-size × --hicache-size.
+
+    0 when --hicache-size is absent, 0 (ratio sizing) or not a whole number (rejected elsewhere).
+    """
+    size = _whole(args.get("--hicache-size", 0))
+    tp = _whole(args.get("--tp-size", args.get("--tensor-parallel-size", 1)))
+    if not size or not tp:
+        return 0
+    return size * tp
+
+
+def prune(found: Sequence[Mapping[str, Any]], keep: int, protect: Sequence[str]) -> list[str]:
+    """Release directories to delete: all but the `keep` newest (by mtime) and the protected ones."""
+    ordered = sorted(found, key=lambda entry: entry.get("mtime", 0), reverse=True)
+    return [
+        entry["path"]
+        for entry in ordered[max(int(keep), 0):]
+        if entry["path"] not in set(protect)
+    ]
+
+
 def systemd_quote(word: Any) -> str:
     """Quote one ExecStart word so that systemd passes it to the process verbatim."""
     text = str(word)
@@ -100,5 +133,7 @@ class FilterModule:
             "sglang_service_argv": argv,
             "sglang_service_argv_groups": argv_groups,
             "sglang_service_systemd_quote": systemd_quote,
+            "sglang_service_host_pool_gb": host_pool_gb,
+            "sglang_service_prune": prune,
             "sglang_service_env_quote": env_quote,
         }
