@@ -502,7 +502,11 @@ def extract_server_facts(server_info: dict, model_info: dict) -> dict:
         first = states[0]
         usage = first.get("memory_usage") if isinstance(first.get("memory_usage"), dict) else {}
         capacity = first.get("max_total_num_tokens") or usage.get("token_capacity")
-    hicache_args = {k: v for k, v in sorted(server_info.items()) if k.startswith("hicache_")}
+    hicache_args = {
+        k: v
+        for k, v in sorted(server_info.items())
+        if k.startswith("hicache_") and (v is None or isinstance(v, (str, int, float, bool)))
+    }
     page_size = server_info.get("page_size")
     return {
         "version": server_info.get("version"),
@@ -979,6 +983,7 @@ class SGLangClient:
             "device_cached_tokens": split["device"],
             "host_cached_tokens": split["host"],
             "storage_cached_tokens": split["storage"],
+            "meta_info": meta,
         }
 
 

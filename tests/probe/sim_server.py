@@ -1,0 +1,86 @@
+"""Start and stop the SGLang simulator (sim/sglang_sim) as a subprocess on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from probe_fakes import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SIM_DIR = REPO / "sim"
+
+# The seed's launch command (its section 6), minus what the simulator does not need.
+SEED_ARGS = ["--tp-size", "2", "--context-length", "131072", "--mem-fraction-static", "0.80",
+             "--max-running-requests", "1", "--chunked-prefill-size", "2048"]
+HICACHE_ARGS = ["--enable-hierarchical-cache", "--hicache-size", "12", "--hicache-ratio", "2.0",
+                "--hicache-io-backend", "kernel", "--hicache-host-memory-mode", "cache",
+                "--hicache-write-policy", "write_through"]
+
+
+def sim_available() -> bool:
+    return (SIM_DIR / "sglang_sim" / "launch_server.py").exists()
+
+
+def sim_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SIM_DIR) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update({"SGLANG_SIM_TIME_SCALE": "0.001", "SGLANG_SIM_LOAD_DELAY_S": "0"})
+    env.update(extra)
+    return env
+
+
+def write_fixture_model(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "sglang_sim.fixture_model", str(path)], env=sim_env(), check=True,
+                   capture_output=True, timeout=60)
+    return path
+
+
+class SimServer:
+    """One simulator process; `stop()` ends it by its PID (also when the test failed)."""
+
+    def __init__(self, model_dir: Path, args: list[str], log_path: Path, wait: bool = True,
+                 **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # closed in stop()
+        cmd = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(model_dir),
+               "--host", "127.0.0.1", "--port", str(self.port), "--enable-cache-report", *args]
+        self.proc = subprocess.Popen(cmd, env=sim_env(**env), stdout=self._log, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_listening()
+
+    def wait_listening(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the simulator exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/get_model_info", timeout=2).close()
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (e.g. 401 with --api-key)
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"the simulator did not listen within {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()

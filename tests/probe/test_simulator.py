@@ -1,0 +1,159 @@
+"""The probe against the SGLang simulator (sim/), as a subprocess on 127.0.0.1 with time scaled down
+1000x (a cold 128K prefill takes ~0.19 s instead of ~192 s)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sim_server import HICACHE_ARGS, SEED_ARGS, SimServer, sim_available, write_fixture_model
+
+pytestmark = pytest.mark.skipif(not sim_available(), reason="the simulator (sim/sglang_sim) is not in this tree")
+
+
+@pytest.fixture(scope="module")
+def sim_model(tmp_path_factory):
+    return write_fixture_model(tmp_path_factory.mktemp("sim") / "seed-27b")
+
+
+@pytest.fixture
+def start_sim(sim_model, tmp_path):
+    started: list[SimServer] = []
+
+    def start(args: list[str], wait: bool = True, **env: str) -> SimServer:
+        server = SimServer(sim_model, args, tmp_path / f"sim-{len(started)}.log", wait=wait, **env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def hicache_sim(sim_model, tmp_path_factory):
+    server = SimServer(sim_model, SEED_ARGS + HICACHE_ARGS, tmp_path_factory.mktemp("simlog") / "hicache.log")
+    yield server
+    server.stop()
+
+
+def probe_once(probe, p):
+    client = probe.SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
+    result = probe.run_probe(p, client)
+    result["gate"] = probe.evaluate_gate(result, p, probe.load_baseline(p.get("baseline")))
+    return result
+
+
+def sim_snapshot(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/get_server_info", timeout=10) as resp:
+        return json.load(resp)["sglang_sim"]
+
+
+def test_hicache_on_both_tiers_pass_at_128k_through_ansible(hicache_sim, ansible_run, tmp_path):
+    report = tmp_path / "probe.json"
+    # the module's defaults (128K, 512/16 tokens, 3 repeats, tier both), only the timeouts shortened
+    result = ansible_run({"url": hicache_sim.url, "report_path": str(report), "ready_timeout": 30,
+                          "request_timeout": 60, "flush_timeout": 10})
+    assert not result.get("failed"), result.get("msg")
+    assert result["gate"]["passed"] is True
+    server = result["server"]
+    assert server["version"] == "0.5.23"
+    assert server["enable_hierarchical_cache"] is True
+    assert server["max_total_num_tokens"] == 159692  # the seed's GPU KV capacity with HiCache
+    assert server["hicache_args"]["hicache_size"] == 12
+    assert server["vocab_size"] == 248320
+    assert result["fillers"]["total_tokens"] >= 159692
+    cold, device, host = result["cold"], result["warm"]["device"], result["warm"]["host"]
+    assert cold["completed"] == 3
+    assert cold["median_cached_tokens"] == 0
+    assert cold["total_output_tokens"] == 3 * 512
+    assert device["median_device_cached_tokens"] == 127999
+    assert host["median_host_cached_tokens"] >= 0.8 * 128000
+    assert host["warm_cold_ratio"] < 0.2
+    assert host["speedup"] > 5
+    record = json.loads(report.read_text())
+    assert record["warm"]["host"]["cache_report"]["host_cached_tokens"] >= 3 * 0.8 * 128000
+    assert record["cold"]["cache_report"]["cache_hit_rate_pct"] == 0.0
+    assert record["server_info"]["max_total_num_tokens"] == 159692
+
+
+def test_hicache_off_host_tier_fails_with_reasons_through_ansible(start_sim, ansible_run):
+    sim = start_sim(SEED_ARGS)
+    result = ansible_run({"url": sim.url, "tier": "host", "repeats": 1, "cold_output_len": 16,
+                          "ready_timeout": 30, "request_timeout": 60})
+    assert result.get("failed") is True
+    assert result["msg"].startswith(f"the probe gate failed on {sim.url}")
+    assert "host-cached tokens 0 < 102400 required" in result["msg"]
+    assert "without --enable-hierarchical-cache" in result["msg"]
+    assert "cached tokens 0 < 115200 required" in result["msg"]
+    assert result["server"]["max_total_num_tokens"] == 233207  # the seed's capacity without HiCache
+    assert result["fillers"]["total_tokens"] >= 233207
+    # the device tier still works without HiCache: the gate names only the host tier
+    assert all("(host)" in reason for reason in result["gate"]["reasons"])
+
+
+def test_check_mode_sends_nothing_to_the_simulator(hicache_sim, probe, ansible_run):
+    client = probe.SGLangClient(hicache_sim.url)
+    client.stream_generate(probe.generate_body(probe.generate_ids(3000, 1000, 7), 1, 0.0))
+    before = sim_snapshot(hicache_sim.url)
+    assert before["device_used_tokens"] > 0
+    result = ansible_run({"url": hicache_sim.url}, check=True)
+    assert not result.get("failed"), result.get("msg")
+    assert result["requests_sent"] == 0
+    after = sim_snapshot(hicache_sim.url)
+    # no flush and no generate happened: the cache is exactly as it was
+    assert after["device_used_tokens"] == before["device_used_tokens"]
+    assert after["cached_blocks"] == before["cached_blocks"]
+
+
+def test_host_tier_ignored_by_the_server(start_sim, probe, params):
+    sim = start_sim(SEED_ARGS + HICACHE_ARGS, SGLANG_SIM_FAULT="ignore_host_tier")
+    result = probe_once(probe, params(url=sim.url, input_len=16000, tier="host", request_timeout=60))
+    assert not result["gate"]["passed"]
+    text = " ".join(result["gate"]["reasons"])
+    assert "HiCache is on but the prefix did not come back from host memory" in text
+
+
+def test_generate_500(start_sim, probe, params):
+    sim = start_sim(SEED_ARGS, SGLANG_SIM_FAULT="generate_500")
+    with pytest.raises(probe.ProbeError, match=r"/generate answered HTTP 500 .*generate_500"):
+        probe_once(probe, params(url=sim.url))
+
+
+def test_cut_stream(start_sim, probe, params):
+    sim = start_sim(SEED_ARGS, SGLANG_SIM_FAULT="cut_stream")
+    with pytest.raises(probe.ProbeError, match=r"was cut after .* closed the connection mid-way"):
+        probe_once(probe, params(url=sim.url, cold_output_len=8))
+
+
+def test_never_healthy(start_sim, probe, params):
+    sim = start_sim(SEED_ARGS, SGLANG_SIM_FAULT="never_healthy")
+    with pytest.raises(probe.ProbeError, match=r"did not become healthy within ready_timeout 1 s.*HTTP 503"):
+        probe_once(probe, params(url=sim.url, ready_timeout=1.0))
+
+
+def test_startup_exit_reads_as_connection_refused(start_sim, probe, params):
+    sim = start_sim(SEED_ARGS, wait=False, SGLANG_SIM_FAULT="startup_exit")
+    assert sim.proc.wait(timeout=20) != 0
+    with pytest.raises(probe.ConnectError, match="connection refused"):
+        probe_once(probe, params(url=sim.url, ready_timeout=0.5))
+
+
+def test_api_key(start_sim, probe, params):
+    sim = start_sim([*SEED_ARGS, "--api-key", "s3cret"])
+    with pytest.raises(probe.ProbeError, match="requires an API key"):
+        probe_once(probe, params(url=sim.url))
+    result = probe_once(probe, params(url=sim.url, api_key="s3cret", tier="device", input_len=16000))
+    assert result["gate"]["passed"], result["gate"]["reasons"]
+
+
+def test_baseline_holds_a_slower_host_to_its_past(hicache_sim, start_sim, probe, params):
+    base = probe_once(probe, params(url=hicache_sim.url, input_len=16000, tier="device", request_timeout=60))
+    assert base["gate"]["passed"], base["gate"]["reasons"]
+    slow = start_sim(SEED_ARGS + HICACHE_ARGS, SGLANG_SIM_FAULT="slow_prefill")
+    result = probe_once(probe, params(url=slow.url, input_len=16000, tier="device", request_timeout=60,
+                                      baseline=base, max_regression=0.5))
+    reasons = result["gate"]["reasons"]
+    assert any(r.startswith("cold median TTFT") and "above the baseline's" in r for r in reasons), reasons
