@@ -809,6 +809,17 @@ def _excerpt(body: bytes) -> str:
     return text[:BODY_EXCERPT] + ("…" if len(text) > BODY_EXCERPT else "")
 
 
+def _drain(resp: http.client.HTTPResponse, conn: http.client.HTTPConnection) -> None:
+    """Read what follows [DONE] (the end of the chunked body), briefly, so closing the connection
+    does not reset it under the server's feet."""
+    try:
+        if conn.sock is not None:
+            conn.sock.settimeout(1.0)
+        resp.read(64 * 1024)
+    except (OSError, http.client.HTTPException):
+        pass
+
+
 class SGLangClient:
     def __init__(self, url: str, api_key: str | None = None, request_timeout: float = 900.0) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -944,6 +955,7 @@ class SGLangClient:
                 t_last = now
                 if event == DONE:
                     done = True
+                    _drain(resp, conn)
                     break
                 events += 1
                 if "error" in event and not event_has_output(event):
