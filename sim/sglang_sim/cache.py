@@ -1,10 +1,14 @@
 """A two-tier, page-granular prefix cache: the device pool (GPU KV) and the HiCache host pool.
 
-Token ids are stored as int64 bytes and cut into blocks of ``block_tokens`` tokens (the page size
-when it is > 1, else SGLANG_SIM_BLOCK_TOKENS). Each block is a node keyed by a chained hash of
-its parent's key and its bytes, so a 128K-token prompt costs about 2,000 dict look-ups, not a
-per-token loop. Inside the block where two sequences part, the common prefix is found by
-comparing byte slices (binary search), so with page size 1 matches are exact to the token.
+A prompt is held in its canonical form: the decimal token ids, each followed by a comma
+(b"12,345,6789,"), which the HTTP layer cuts straight out of the JSON body without building a
+Python int per token (tokenizer.canonical). That text is cut into blocks of 8 x block_tokens
+bytes (SGLANG_SIM_BLOCK_TOKENS, default 128; about 140 tokens a block for a 248K vocab). Each block
+is a node keyed by a chained hash of its parent's key and its bytes, so a 128K-token prompt costs
+about 1,000 dict look-ups, not a per-token loop. A token counts as cached when its digits and its
+comma are inside the matched bytes, so counts are exact to the token: inside the block where two
+prompts part, the common prefix is found by comparing byte slices (binary search) and its commas
+are counted. With --page-size > 1 hits are rounded down to whole pages.
 
 Each tier has an LRU list. A request touches its path leaf-first, so a parent is always more
 recent than its children and eviction takes leaves first. Device eviction keeps the host copy
@@ -19,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-TOKEN_BYTES = 8  # ids are stored as int64
+BLOCK_BYTES_PER_TOKEN = 8
 
 
 class Node:
@@ -29,7 +33,7 @@ class Node:
         self.key = key
         self.parent = parent
         self.tokens = tokens
-        self.ntok = len(tokens) // TOKEN_BYTES
+        self.ntok = tokens.count(b",")
         self.lock = 0
         self.hits = 0
         self.on_device = False
@@ -48,16 +52,15 @@ class Match:
 
 
 def _common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """Number of leading int64 tokens two byte strings share (binary search on slices)."""
-    lo, hi = 0, min(len(a), len(b)) // TOKEN_BYTES
+    """Number of whole tokens (digits and comma) two canonical byte strings start with."""
+    lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        end = mid * TOKEN_BYTES
-        if a[:end] == b[:end]:
+        if a[:mid] == b[:mid]:
             lo = mid
         else:
             hi = mid - 1
-    return lo
+    return a.count(b",", 0, lo)
 
 
 class PrefixCache:
@@ -75,7 +78,7 @@ class PrefixCache:
         self.device_capacity = device_capacity
         self.host_capacity = host_capacity if use_host else 0
         self.page_size = max(1, page_size)
-        self.block_tokens = self.page_size if self.page_size > 1 else max(1, block_tokens)
+        self.block_bytes = max(1, block_tokens) * BLOCK_BYTES_PER_TOKEN
         self.write_policy = write_policy
         self.use_host = use_host and host_capacity > 0
         self.nodes: dict[int, Node] = {}
@@ -96,13 +99,11 @@ class PrefixCache:
         return node.on_device or (self.use_host and node.on_host)
 
     def match(self, data: bytes) -> Match:
-        """Longest cached prefix of ``data`` (int64 token bytes), leaving at least one token to
-        compute, as SGLang does, and whole pages when the page size is > 1."""
-        ntok = len(data) // TOKEN_BYTES
-        limit = max(0, ntok - 1) // self.page_size * self.page_size
+        """Longest cached prefix of ``data`` (canonical token bytes), leaving at least the last
+        token to compute, as SGLang does, and whole pages when the page size is > 1."""
+        end = data.rfind(b",", 0, len(data) - 1) + 1  # the bytes of all tokens but the last
         result = Match()
-        step = self.block_tokens * TOKEN_BYTES
-        end = limit * TOKEN_BYTES
+        step = self.block_bytes
         parent = self.ROOT
         nodes = self.nodes
         for start in range(0, end, step):
@@ -115,6 +116,12 @@ class PrefixCache:
                 continue
             self._partial(result, parent, block)
             break
+        if self.page_size > 1:
+            total = result.cached_tokens // self.page_size * self.page_size
+            drop = result.cached_tokens - total
+            from_host = min(drop, result.host_tokens)
+            result.host_tokens -= from_host
+            result.device_tokens -= drop - from_host
         return result
 
     def _count(self, result: Match, node: Node, ntok: int) -> None:
@@ -133,7 +140,6 @@ class PrefixCache:
             shared = _common_prefix_tokens(node.tokens, block)
             if shared > best_len:
                 best, best_len = node, shared
-        best_len = best_len // self.page_size * self.page_size
         if best is not None and best_len > 0:
             self._count(result, best, best_len)
 
@@ -152,7 +158,7 @@ class PrefixCache:
             node = self.nodes.get(key)
             if node is not None:
                 node.hits += 1
-        step = self.block_tokens * TOKEN_BYTES
+        step = self.block_bytes
         parent = self.ROOT
         path: list[Node] = []
         cached = 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +32,7 @@ class RequestError(Exception):
 
 @dataclass
 class SimRequest:
-    ids: array  # int64 prompt ids
+    tokens: bytes  # canonical prompt (tokenizer.canonical): b"12,345,"
     max_new_tokens: int = 128
     stream: bool = False
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -104,7 +103,7 @@ class Engine:
             time.sleep(delay)
 
     def validate(self, req: SimRequest) -> None:
-        n = len(req.ids)
+        n = req.tokens.count(b",")
         if n == 0:
             raise RequestError(400, "The input is empty.")
         if n >= self.context_len:
@@ -177,8 +176,8 @@ class Engine:
             finally:
                 self.queued -= 1
             self.running += 1
-        data = req.ids.tobytes()
-        n = len(req.ids)
+        data = req.tokens
+        n = data.count(b",")
         locked: list[int] = []
         try:
             with self.gpu_lock:

@@ -13,14 +13,19 @@ import json
 import threading
 import time
 import uuid
-from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from . import LOG_TAG, SGLANG_VERSION, SIM_VERSION
 from .engine import TTFT_BUCKETS, Engine, Event, RequestError, SimRequest
-from .tokenizer import render_chat, tokenize
+from .tokenizer import (
+    IdsFormatError,
+    canonical,
+    ids_segment_to_canonical,
+    render_chat,
+    tokenize,
+)
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")
 
@@ -221,6 +226,8 @@ def _finish_reason(count: int) -> dict[str, Any]:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "sglang-sim"
+    # Small SSE chunks must not wait for the client's delayed ACK (uvicorn sets TCP_NODELAY too).
+    disable_nagle_algorithm = True
     state: SimState  # set on the subclass built by make_server
 
     # ------------------------------------------------------------ plumbing
@@ -245,15 +252,43 @@ class Handler(BaseHTTPRequestHandler):
     def _text(self, status: int, text: str) -> None:
         self._send(status, text.encode(), "text/plain; charset=utf-8")
 
-    def _body(self) -> Any:
+    def _raw(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length else b""
+
+    def _body(self, raw: bytes | None = None) -> Any:
+        raw = self._raw() if raw is None else raw
         if not raw:
             return {}
         try:
-            return json.loads(raw)
+            body = json.loads(raw)
         except json.JSONDecodeError as err:
             raise RequestError(400, f"Invalid JSON body: {err}") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "The request body must be a JSON object.")
+        return body
+
+    def _body_with_ids(self, key: str) -> tuple[Any, bytes | None]:
+        """Parse a JSON body whose ``key`` may hold a long flat list of token ids, cutting the
+        list out as canonical bytes instead of building one Python int per id."""
+        raw = self._raw()
+        marker = f'"{key}"'.encode()
+        at = raw.find(marker)
+        if at >= 0:
+            pos = at + len(marker)
+            while pos < len(raw) and raw[pos] in b" \t\r\n:":
+                pos += 1
+            if pos < len(raw) and raw[pos:pos + 1] == b"[":
+                close = raw.find(b"]", pos)
+                inner = raw[pos + 1:close] if close > 0 else b""
+                if close > 0 and b"[" not in inner and b'"' not in inner:
+                    rest = raw[:pos] + b"null" + raw[close + 1:]
+                    body = self._body(rest)
+                    try:
+                        return body, ids_segment_to_canonical(inner)
+                    except IdsFormatError as err:
+                        raise RequestError(400, str(err)) from None
+        return self._body(raw), None
 
     def _authorized(self, path: str) -> bool:
         key = self.state.values.get("api_key")
@@ -274,6 +309,7 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch()
 
     def _dispatch(self) -> None:
+        self._t0 = time.perf_counter()
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
         try:
@@ -373,18 +409,18 @@ class Handler(BaseHTTPRequestHandler):
                          "max_model_len": self.state.engine.context_len})
 
     # ------------------------------------------------------------ generation
-    def _ids_from(self, text: Any, ids: Any) -> array:
+    def _tokens_from(self, text: Any, ids: Any) -> bytes:
         vocab = self.state.model.vocab_size
         if ids is not None:
             if not isinstance(ids, list) or (ids and isinstance(ids[0], list)):
                 raise RequestError(400, "The simulator serves one prompt per request "
                                         "(batched input_ids are not supported).")
             try:
-                return array("q", ids)
-            except (TypeError, OverflowError):
-                raise RequestError(400, "input_ids must be a list of integers") from None
+                return canonical(ids)
+            except IdsFormatError as err:
+                raise RequestError(400, str(err)) from None
         if isinstance(text, str):
-            return tokenize(text, vocab)
+            return canonical(tokenize(text, vocab))
         if text is None:
             raise RequestError(400, "Either text or input_ids should be provided.")
         raise RequestError(400, "The simulator serves one prompt per request "
@@ -395,13 +431,14 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(503, "The server is not ready yet (model still loading).")
 
     def h_generate(self, url) -> None:
-        body = self._body()
+        body, fast_ids = self._body_with_ids("input_ids")
         self._check_up()
         params = body.get("sampling_params") or {}
         max_new = params.get("max_new_tokens", 128)
         max_new = 128 if max_new is None else int(max_new)
-        req = SimRequest(ids=self._ids_from(body.get("text"), body.get("input_ids")),
-                         max_new_tokens=max_new, stream=bool(body.get("stream")),
+        tokens = fast_ids if fast_ids is not None else self._tokens_from(
+            body.get("text"), body.get("input_ids"))
+        req = SimRequest(tokens=tokens, max_new_tokens=max_new, stream=bool(body.get("stream")),
                          log_metrics=body.get("log_metrics", True) is not False)
         if body.get("rid"):
             req.rid = str(body["rid"])
@@ -460,7 +497,10 @@ class Handler(BaseHTTPRequestHandler):
             meta["cached_tokens_details"] = dict(ev.meta["details"])
         if ev.finished:
             meta["e2e_latency"] = time.monotonic() - started
-        meta["sglang_sim"] = dict(ev.meta["sim"], ttft_s=ev.meta["ttft"])
+        # server_s: from the handler's start (request read, JSON parsed, ids hashed, ...) to this
+        # output; at SGLANG_SIM_TIME_SCALE=0 it is the simulator's own overhead.
+        meta["sglang_sim"] = dict(ev.meta["sim"], ttft_s=ev.meta["ttft"],
+                                  server_s=time.perf_counter() - self._t0)
         return meta
 
     def _first_event(self, events):
@@ -500,28 +540,30 @@ class Handler(BaseHTTPRequestHandler):
         self._openai(chat=True)
 
     def _openai(self, chat: bool) -> None:
-        body = self._body()
+        body, fast_ids = self._body_with_ids("prompt") if not chat else (self._body(), None)
         self._check_up()
         st = self.state
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise RequestError(400, "messages must be a non-empty list")
-            ids = tokenize(render_chat(messages), st.model.vocab_size)
+            tokens = canonical(tokenize(render_chat(messages), st.model.vocab_size))
             max_new = body.get("max_completion_tokens") or body.get("max_tokens")
             max_new = 128 if max_new is None else int(max_new)
         else:
             prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-                ids = self._ids_from(None, prompt)
+            if fast_ids is not None:
+                tokens = fast_ids
+            elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+                tokens = self._tokens_from(None, prompt)
             elif isinstance(prompt, list) and len(prompt) == 1:
-                ids = self._ids_from(prompt[0] if isinstance(prompt[0], str) else None,
-                                     prompt[0] if isinstance(prompt[0], list) else None)
+                tokens = self._tokens_from(prompt[0] if isinstance(prompt[0], str) else None,
+                                           prompt[0] if isinstance(prompt[0], list) else None)
             else:
-                ids = self._ids_from(prompt, None)
+                tokens = self._tokens_from(prompt, None)
             max_new = int(body.get("max_tokens", 16) if body.get("max_tokens") is not None else 16)
         stream = bool(body.get("stream"))
-        req = SimRequest(ids=ids, max_new_tokens=max_new, stream=stream)
+        req = SimRequest(tokens=tokens, max_new_tokens=max_new, stream=stream)
         model = body.get("model") or "default"
         created = int(time.time())
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex

@@ -71,7 +71,7 @@ class Settings:
     decode_rate: float = 25.0
     slow_factor: float = 10.0
     cut_after: int = 2
-    block_tokens: int = 64
+    block_tokens: int = 128
     fault: str = ""
 
     @property
@@ -104,6 +104,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         decode_rate=_float(env, "SGLANG_SIM_DECODE_RATE", 25.0, 1e-9),
         slow_factor=_float(env, "SGLANG_SIM_SLOW_FACTOR", 10.0, 1.0),
         cut_after=int(_float(env, "SGLANG_SIM_CUT_AFTER", 2)),
-        block_tokens=max(1, int(_float(env, "SGLANG_SIM_BLOCK_TOKENS", 64, 1))),
+        block_tokens=max(1, int(_float(env, "SGLANG_SIM_BLOCK_TOKENS", 128, 1))),
         fault=fault,
     )

@@ -8,6 +8,10 @@ sees). 4 bytes per token is about the density of real tokenizers on English text
 returns these ids.
 
 Chat messages become a text with a ChatML-like template before tokenizing (``render_chat``).
+
+The cache and the engine see a prompt in its canonical form (``canonical``): each id in decimal
+followed by a comma. ``ids_segment_to_canonical`` produces the same bytes straight from the text
+of a JSON list of ints, so 128K input ids never become 128K Python ints.
 """
 
 from __future__ import annotations
@@ -35,6 +39,56 @@ def tokenize(text: str, vocab_size: int) -> array:
     if vocab_size >= 1 << 32:
         return array("q", words)
     return array("q", [w % vocab_size for w in words])
+
+
+_DIGITS_AND_COMMA = b"0123456789,"
+
+_JSON_SPACE = b" \t\r\n"
+
+
+class IdsFormatError(ValueError):
+    """The input ids are not a flat list of non-negative integers."""
+
+
+def canonical(ids) -> bytes:
+    """Canonical bytes of a sequence of ids: b"12,345,6789," (empty for no ids)."""
+    ids = list(ids)
+    if not ids:
+        return b""
+    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in ids):
+        raise IdsFormatError("input_ids must be a list of non-negative integers")
+    return (str(ids)[1:-1].replace(", ", ",") + ",").encode()
+
+
+def ids_segment_to_canonical(segment: bytes) -> bytes:
+    """Canonical bytes from the inside of a JSON list of ints (between the brackets)."""
+    compact = segment.translate(None, _JSON_SPACE)
+    if not compact:
+        return b""
+    if compact.translate(None, _DIGITS_AND_COMMA) or compact.startswith(b",") or (
+        compact.endswith(b",") or b",," in compact
+    ):
+        raise IdsFormatError("input_ids must be a list of non-negative integers")
+    if _has_leading_zero(compact):
+        raise IdsFormatError("input_ids must be a list of non-negative integers")
+    return compact + b","
+
+
+def _has_leading_zero(compact: bytes) -> bool:
+    """Whether an id is written with a leading zero ("007"), which would give one id two forms.
+    Scans only the places where an id starts with 0 (id 0 itself), not the whole text."""
+    if compact[:1] == b"0" and compact[1:2].isdigit():
+        return True
+    at = compact.find(b",0")
+    while at >= 0:
+        if compact[at + 2:at + 3].isdigit():
+            return True
+        at = compact.find(b",0", at + 2)
+    return False
+
+
+def canonical_to_ids(data: bytes) -> list[int]:
+    return [int(p) for p in data.split(b",")[:-1]]
 
 
 def render_chat(messages: list[dict[str, Any]]) -> str:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from array import array
-
 import pytest
 from sglang_sim.args import UsageError, parse_argv
 from sglang_sim.cache import PrefixCache
 from sglang_sim.model import read_model, size_pools
 from sglang_sim.settings import SettingsError, load_settings
-from sglang_sim.tokenizer import tokenize
+from sglang_sim.tokenizer import (
+    IdsFormatError,
+    canonical,
+    canonical_to_ids,
+    ids_segment_to_canonical,
+    tokenize,
+)
 
 SEED_BASE = ["--tp-size", "2", "--mem-fraction-static", "0.80", "--context-length", "196608"]
 SEED_HICACHE = ["--enable-hierarchical-cache", "--hicache-size", "12", "--hicache-ratio", "2.0",
@@ -111,7 +115,17 @@ def test_tokenizer_is_deterministic_and_dense():
 
 
 def _ids(start: int, n: int) -> bytes:
-    return array("q", range(start, start + n)).tobytes()
+    return canonical(range(start, start + n))
+
+
+def test_canonical_ids_from_json_text_match_canonical_from_ints():
+    ids = [0, 7, 248_319, 12, 5]
+    assert canonical(ids) == b"0,7,248319,12,5,"
+    assert ids_segment_to_canonical(b" 0, 7,248319 ,\n12,5") == canonical(ids)
+    assert canonical_to_ids(canonical(ids)) == ids
+    for bad in (b"1,,2", b"1,-2", b"1.5", b"01,2", b"1,2,", b"true"):
+        with pytest.raises(IdsFormatError):
+            ids_segment_to_canonical(bad)
 
 
 def test_cache_device_hit_then_host_hit_after_eviction():
@@ -158,18 +172,18 @@ def test_cache_partial_block_match_is_token_exact():
     cache = PrefixCache(device_capacity=10_000, host_capacity=0, page_size=1, block_tokens=64,
                         use_host=False)
     cache.insert(_ids(0, 1000))
-    other = array("q", range(1000))
+    other = list(range(1000))
     other[700] = 999_999
-    assert cache.match(other.tobytes()).cached_tokens == 700
+    assert cache.match(canonical(other)).cached_tokens == 700
 
 
 def test_cache_page_size_rounds_hits_down_to_pages():
     cache = PrefixCache(device_capacity=10_000, host_capacity=0, page_size=16, block_tokens=64,
                         use_host=False)
     cache.insert(_ids(0, 1000))
-    other = array("q", range(1000))
+    other = list(range(1000))
     other[700] = 999_999
-    assert cache.match(other.tobytes()).cached_tokens == 688
+    assert cache.match(canonical(other)).cached_tokens == 688
     assert cache.match(_ids(0, 1000)).cached_tokens == 992
 
 
