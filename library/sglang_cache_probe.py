@@ -681,6 +681,18 @@ def load_baseline(baseline: Any) -> dict | None:
     return baseline
 
 
+def check_baseline_matches(baseline: dict | None, p: dict) -> None:
+    """A baseline measured with another prompt length says nothing about this run."""
+    if baseline is None:
+        return
+    base_len = (baseline.get("cold") or {}).get("random_input_len")
+    if isinstance(base_len, int) and base_len != p["input_len"]:
+        raise ProbeError(
+            f"the baseline was measured with input_len {base_len}, this run uses {p['input_len']}; "
+            "use the same input_len or a baseline measured with it."
+        )
+
+
 def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
     """Every check with its figure; reasons lists the violated ones, one sentence each."""
     checks: list[dict] = []
@@ -1172,6 +1184,7 @@ def main() -> None:
             "input_len": p["input_len"], "steps": plan_steps(p)}
     try:
         baseline = load_baseline(p.get("baseline"))
+        check_baseline_matches(baseline, p)
         client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
     except ProbeError as exc:
         module.fail_json(msg=str(exc), plan=plan)

@@ -262,3 +262,10 @@ def test_plan_steps_count_rounds(probe, params):
     assert steps[-1].startswith("write the JSON record")
     device_only = probe.plan_steps(params(tier="device"))
     assert not any("fillers" in s for s in device_only)
+
+
+def test_baseline_with_another_input_len_is_refused(probe, params):
+    probe.check_baseline_matches(None, params())
+    probe.check_baseline_matches({"cold": {"median_ttft_ms": 1.0, "random_input_len": 512}}, params())
+    with pytest.raises(probe.ProbeError, match="measured with input_len 128000, this run uses 512"):
+        probe.check_baseline_matches({"cold": {"median_ttft_ms": 1.0, "random_input_len": 128000}}, params())
