@@ -56,11 +56,14 @@ class SimState:
             "max_total_num_tokens": self.sizes.device_tokens,
             "max_req_input_len": self.engine.max_req_input_len,
             "startup_time": self.startup_time,
+            # disabled_l3_layout(): no L3 storage backend is simulated.
             "hicache_object_layout": {
                 "enabled": False,
+                "backend": None,
+                "page_size": self.engine.page_size,
+                "hicache_object_layout": {"pools": []},
                 "reason": "Hierarchical cache is disabled" if not self.engine.hicache
                 else "HiCache controller is not attached",
-                "page_size": self.engine.page_size,
             },
         }
 

@@ -204,3 +204,23 @@ def test_host_pool_lru_evicts_its_oldest():
     assert cache.host_used <= 1700
     assert cache.match(_ids(0, 800)).cached_tokens < 799  # oldest gone from both tiers
     assert cache.match(_ids(20_000, 800)).cached_tokens == 799
+
+
+def test_wheel_builds_offline_with_the_in_tree_backend(tmp_path):
+    import importlib.util
+    import zipfile
+    from pathlib import Path
+
+    backend_path = Path(__file__).resolve().parents[2] / "sim" / "_build" / "sim_build_backend.py"
+    spec = importlib.util.spec_from_file_location("sim_build_backend", backend_path)
+    backend = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backend)
+    assert backend.get_requires_for_build_wheel() == []
+    name = backend.build_wheel(str(tmp_path))
+    assert name == "sglang_sim-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(tmp_path / name) as wheel:
+        names = set(wheel.namelist())
+        assert {"sglang_sim/launch_server.py", "sglang_sim/data/server_args.json",
+                "sglang_sim-0.1.0.dist-info/RECORD"} <= names
+        entry_points = wheel.read("sglang_sim-0.1.0.dist-info/entry_points.txt").decode()
+        assert "sglang_sim.launch_server:main" in entry_points
