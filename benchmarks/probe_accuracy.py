@@ -81,7 +81,8 @@ def free_port() -> int:
 
 
 def start_sim(workdir: Path) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "sim"), SGLANG_SIM_TIME_SCALE="0.001", SGLANG_SIM_LOAD_DELAY_S="0")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "sim"), SGLANG_SIM_TIME_SCALE="0.001", SGLANG_SIM_LOAD_DELAY_S="0",
+               SGLANG_SIM_HOST_MEM_GB="64")
     model = workdir / "model"
     subprocess.run([sys.executable, "-m", "sglang_sim.fixture_model", str(model)], env=env, check=True,
                    capture_output=True, timeout=60)

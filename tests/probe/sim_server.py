@@ -31,7 +31,8 @@ def sim_available() -> bool:
 def sim_env(**extra: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(SIM_DIR) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update({"SGLANG_SIM_TIME_SCALE": "0.001", "SGLANG_SIM_LOAD_DELAY_S": "0"})
+    # host RAM is the simulator's input, not this machine's: HiCache 12 GB x TP 2 must fit
+    env.update({"SGLANG_SIM_TIME_SCALE": "0.001", "SGLANG_SIM_LOAD_DELAY_S": "0", "SGLANG_SIM_HOST_MEM_GB": "64"})
     env.update(extra)
     return env
 
