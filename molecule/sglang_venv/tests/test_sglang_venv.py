@@ -7,9 +7,7 @@ import shlex
 import pytest
 import testinfra.utils.ansible_runner
 
-testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
-    os.environ["MOLECULE_INVENTORY_FILE"]
-).get_hosts("all")
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(os.environ["MOLECULE_INVENTORY_FILE"]).get_hosts("all")
 
 ROOT = "/opt/sglang"
 SIM = os.path.isfile(os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "sim", "pyproject.toml"))
@@ -41,7 +39,8 @@ def test_previous_points_at_release_a(host):
 def test_release_a_kept_and_old_ones_pruned(host):
     releases = _releases(host)
     assert "molecule-b" in releases
-    assert "old-1" not in releases and "old-2" not in releases
+    assert "old-1" not in releases
+    assert "old-2" not in releases
     assert len([r for r in releases if r.startswith("0.5.23-test-minimal-")]) == 1, releases
     assert len(releases) == 2, releases
 
@@ -91,7 +90,8 @@ def test_torch_is_the_cpu_build(host):
 def test_ownership_and_modes(host, path):
     d = host.file(path)
     assert d.is_directory
-    assert d.user == "root" and d.group == "root"
+    assert d.user == "root"
+    assert d.group == "root"
     assert d.mode == 0o755
 
 
