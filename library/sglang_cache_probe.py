@@ -23,8 +23,9 @@ description:
     re-sends the ids; the hit must then show under C(meta_info.cached_tokens_details.host), which is
     what proves HiCache's host tier.
   - >-
-    TTFT is measured client-side, from just before the request is sent to the first streamed event
-    that carries output (text or token ids), as SGLang's serving benchmark does.
+    TTFT is measured client-side, from just before the request is sent (on an already open
+    connection) to the first streamed event that carries output (text or token ids), as SGLang's
+    serving benchmark does.
   - >-
     Before measuring, the module waits until the server is healthy (C(/health_generate)) and reads
     C(/get_server_info) and C(/get_model_info) (version, page size, device capacity, HiCache and
@@ -934,6 +935,10 @@ class SGLangClient:
         t_last = None
         try:
             self.requests_sent += 1
+            try:
+                conn.connect()  # before the clock: TCP setup is not the server's time to first token
+            except OSError as exc:
+                raise self._network_error("POST", path, exc, timeout) from exc
             t0 = time.perf_counter()
             try:
                 conn.request("POST", self.prefix + path, body=body, headers=headers)
