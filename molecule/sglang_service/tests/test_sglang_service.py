@@ -1,0 +1,255 @@
+"""Verify sglang_service on a real systemd test host, running the simulator in SGLang's place.
+
+The running state (active units, sockets on the host's own address, the service user, the unit's
+hardening as systemd reports it), then behaviour on change: --check --diff shows a pending change
+and restarts nothing; each bad profile fails before any restart with its message while the old
+service keeps serving; a real change restarts and the rollback restores the previous release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import testinfra.utils.ansible_runner
+
+inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
+
+SCENARIO = Path(__file__).resolve().parent.parent
+PROJECT = SCENARIO.parent.parent
+ADDRESS = "127.0.16.1"
+INSTANCES = {"main": 30004, "baseline": 30010}
+MODEL = "/srv/models/fixture main"
+HICACHE = {
+    "--enable-hierarchical-cache": True,
+    "--hicache-size": 2,
+    "--hicache-ratio": "2.0",
+    "--hicache-io-backend": "kernel",
+    "--hicache-host-memory-mode": "cache",
+    "--hicache-write-policy": "write_through",
+}
+
+
+def instances(main_args: dict | None = None) -> list[dict]:
+    """The scenario's instances (vars.yml), with overrides for `main`."""
+    return [
+        {"name": "main", "port": 30004, "environment": {"HIP_VISIBLE_DEVICES": "0,1"},
+         "args": main_args or {}},
+        {"name": "baseline", "port": 30010, "profile": "seed-baseline", "hicache_enabled": False,
+         "environment": {"HIP_VISIBLE_DEVICES": "2,3"}},
+    ]
+
+
+def playbook(name: str, extra: dict | None = None, *options: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+        ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
+        ANSIBLE_FACT_CACHING="memory",
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_NOCOLOR="1",
+        MOLECULE_PROJECT_DIRECTORY=str(PROJECT),
+    )
+    argv = [str(Path(os.sys.executable).parent / "ansible-playbook"), "-i", inventory,
+            str(SCENARIO / name), *options]
+    if extra:
+        argv += ["-e", json.dumps(extra)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def http(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{ADDRESS}:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def main_pid(host, name: str) -> int:
+    return int(host.check_output(f"systemctl show -p MainPID --value sglang-{name}.service"))
+
+
+def journal(host, name: str) -> str:
+    return host.run(f"journalctl -u sglang-{name}.service -n 30 --no-pager").stdout
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_unit_active_and_enabled(host, name):
+    service = host.service(f"sglang-{name}.service")
+    assert service.is_running, journal(host, name)
+    assert service.is_enabled
+
+
+@pytest.mark.parametrize("name,port", INSTANCES.items())
+def test_listens_on_the_hosts_own_address(host, name, port):
+    assert host.socket(f"tcp://{ADDRESS}:{port}").is_listening, journal(host, name)
+    assert not host.socket(f"tcp://127.0.0.1:{port}").is_listening
+    assert http(port, "/health_generate")[0] == 200, journal(host, name)
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_process_runs_as_the_service_user(host, name):
+    pid = main_pid(host, name)
+    assert pid > 0
+    assert host.check_output(f"ps -o user= -p {pid}").strip() == "sglang"
+    groups = host.user("sglang").groups
+    assert "render" in groups and "video" in groups
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_limits_and_hardening_in_effect(host, name):
+    props = dict(
+        line.split("=", 1)
+        for line in host.check_output(
+            f"systemctl show sglang-{name}.service -p LimitMEMLOCK -p LimitNOFILE -p ProtectSystem "
+            "-p NoNewPrivileges -p PrivateTmp -p ProtectHome -p DevicePolicy -p DeviceAllow "
+            "-p Restart -p StartLimitBurst -p User -p ReadWritePaths -p EnvironmentFiles"
+        ).splitlines()
+    )
+    assert props["LimitMEMLOCK"] == "infinity"
+    assert props["LimitNOFILE"] == "65536"
+    assert props["ProtectSystem"] == "strict"
+    assert props["NoNewPrivileges"] == "yes"
+    assert props["PrivateTmp"] == "yes"
+    assert props["ProtectHome"] == "yes"
+    assert props["DevicePolicy"] == "closed"
+    device_allow = host.check_output(f"systemctl show sglang-{name}.service -p DeviceAllow")
+    assert "DeviceAllow=/dev/kfd rw" in device_allow and "DeviceAllow=char-drm rw" in device_allow
+    assert props["Restart"] == "on-failure"
+    assert props["StartLimitBurst"] == "3"
+    assert props["User"] == "sglang"
+    assert props["ReadWritePaths"] == f"/var/lib/sglang/{name}/home"
+    assert f"/etc/sglang/{name}.env" in props["EnvironmentFiles"]
+    # The process itself has the unlimited memlock limit the pinned HiCache pool needs.
+    pid = main_pid(host, name)
+    limits = host.check_output(f"cat /proc/{pid}/limits")
+    assert any(line.startswith("Max locked memory") and "unlimited" in line
+               for line in limits.splitlines()), limits
+
+
+def test_the_service_sees_a_read_only_system_and_a_writable_home(host):
+    pid = main_pid(host, "main")
+    mounts = {
+        fields[4]: fields[5]
+        for fields in (line.split() for line in host.check_output(f"cat /proc/{pid}/mountinfo").splitlines())
+    }
+    assert mounts["/"].startswith("ro,"), mounts  # ProtectSystem=strict
+    assert mounts["/var/lib/sglang/main/home"].startswith("rw,"), mounts
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_env_file_is_root_only(host, name):
+    env = host.file(f"/etc/sglang/{name}.env")
+    assert env.user == "root" and env.mode == 0o600
+
+
+def test_model_path_with_a_space_reaches_the_server(host):
+    status, body = http(30004, "/get_model_info")
+    assert status == 200, body
+    assert json.loads(body)["model_path"] == MODEL
+
+
+def test_hicache_only_on_main(host):
+    main = json.loads(http(30004, "/get_server_info")[1])
+    baseline = json.loads(http(30010, "/get_server_info")[1])
+    assert main["enable_hierarchical_cache"] is True
+    assert main["hicache_size"] == 2
+    assert not baseline.get("enable_hierarchical_cache")
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_current_release_holds_the_installed_unit(host, name):
+    current = host.file(f"/var/lib/sglang/{name}/current")
+    assert current.is_symlink
+    release = current.linked_to
+    assert release.startswith(f"/var/lib/sglang/{name}/releases/")
+    unit = host.file(f"/etc/systemd/system/sglang-{name}.service").content_string
+    assert host.file(f"{release}/unit").content_string == unit
+    assert host.file(f"{release}/env").mode == 0o600
+    assert host.file(f"/var/lib/sglang/{name}/releases").mode == 0o700
+
+
+def test_check_diff_shows_the_change_and_restarts_nothing(host):
+    before = {name: main_pid(host, name) for name in INSTANCES}
+    unit_before = host.file("/etc/systemd/system/sglang-main.service").content_string
+    run = playbook("converge.yml", {"sglang_service_instances": instances({"--stream-interval": 4})},
+                   "--check", "--diff")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "+    --stream-interval 4" in run.stdout, run.stdout[-3000:]
+    assert "-    --stream-interval 1" in run.stdout
+    assert "would restart sglang-main.service" in run.stdout
+    assert {name: main_pid(host, name) for name in INSTANCES} == before
+    assert host.file("/etc/systemd/system/sglang-main.service").content_string == unit_before
+
+
+BAD = {
+    "unknown flag": (
+        {"sglang_service_instances": instances({"--no-such-flag": 1})},
+        "unrecognized arguments: --no-such-flag",
+    ),
+    "ambiguous --cuda-graph-bs": (
+        {"sglang_service_instances": instances({"--cuda-graph-bs-decode": None, "--cuda-graph-bs": [1, 2]})},
+        "ambiguous option: --cuda-graph-bs",
+    ),
+    "hicache-size 0.5": (
+        {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 0.5}},
+        "--hicache-size 0.5 is not an integer",
+    ),
+    "buffer_only without storage": (
+        {"sglang_service_hicache_args": {**HICACHE, "--hicache-host-memory-mode": "buffer_only"}},
+        "--hicache-host-memory-mode buffer_only requires a storage backend (--hicache-storage-backend)",
+    ),
+    "host pool larger than RAM": (
+        {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 64}},
+        "HiCache host pools need 128 GB of pinned RAM",
+    ),
+    "mem-fraction-static 1.2": (
+        {"sglang_service_instances": instances({"--mem-fraction-static": "1.2"})},
+        "--mem-fraction-static 1.2 must be a number strictly between 0 and 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_profile_fails_before_restart_and_old_service_keeps_serving(host, case):
+    extra, message = BAD[case]
+    before = {name: main_pid(host, name) for name in INSTANCES}
+    unit_before = host.file("/etc/systemd/system/sglang-main.service").content_string
+    run = playbook("converge.yml", extra)
+    output = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert message in output, run.stdout[-3000:]
+    assert {name: main_pid(host, name) for name in INSTANCES} == before
+    assert host.file("/etc/systemd/system/sglang-main.service").content_string == unit_before
+    for port in INSTANCES.values():
+        assert http(port, "/health")[0] == 200
+
+
+def test_change_restarts_only_main_then_rollback_restores_it(host):
+    before = {name: main_pid(host, name) for name in INSTANCES}
+    first_release = host.file("/var/lib/sglang/main/current").linked_to
+    run = playbook("converge.yml", {"sglang_service_instances": instances({"--stream-interval": 4})})
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert main_pid(host, "main") != before["main"]
+    assert main_pid(host, "baseline") == before["baseline"]
+    assert "--stream-interval 4" in host.file("/etc/systemd/system/sglang-main.service").content_string
+    assert host.file("/var/lib/sglang/main/previous").linked_to == first_release
+    assert json.loads(http(30004, "/get_server_info")[1])["stream_interval"] == 4
+
+    changed_pid = main_pid(host, "main")
+    run = playbook("rollback.yml", {"sglang_service_rollback_instances": ["main"]})
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert host.file("/var/lib/sglang/main/current").linked_to == first_release
+    assert "--stream-interval 1" in host.file("/etc/systemd/system/sglang-main.service").content_string
+    assert main_pid(host, "main") != changed_pid
+    assert main_pid(host, "baseline") == before["baseline"]
+    assert http(30004, "/health_generate")[0] == 200
+    # Back on the converged config: a converge run changes nothing.
+    run = playbook("converge.yml")
+    assert run.returncode == 0 and "changed=0" in run.stdout, run.stdout[-3000:]
