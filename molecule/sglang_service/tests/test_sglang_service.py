@@ -86,7 +86,7 @@ def test_unit_active_and_enabled(host, name):
     assert service.is_enabled
 
 
-@pytest.mark.parametrize("name,port", INSTANCES.items())
+@pytest.mark.parametrize(("name", "port"), INSTANCES.items())
 def test_listens_on_the_hosts_own_address(host, name, port):
     assert host.socket(f"tcp://{ADDRESS}:{port}").is_listening, journal(host, name)
     assert not host.socket(f"tcp://127.0.0.1:{port}").is_listening
@@ -99,7 +99,8 @@ def test_process_runs_as_the_service_user(host, name):
     assert pid > 0
     assert host.check_output(f"ps -o user= -p {pid}").strip() == "sglang"
     groups = host.user("sglang").groups
-    assert "render" in groups and "video" in groups
+    assert "render" in groups
+    assert "video" in groups
 
 
 @pytest.mark.parametrize("name", INSTANCES)
@@ -120,7 +121,8 @@ def test_limits_and_hardening_in_effect(host, name):
     assert props["ProtectHome"] == "yes"
     assert props["DevicePolicy"] == "closed"
     device_allow = host.check_output(f"systemctl show sglang-{name}.service -p DeviceAllow")
-    assert "DeviceAllow=/dev/kfd rw" in device_allow and "DeviceAllow=char-drm rw" in device_allow
+    assert "DeviceAllow=/dev/kfd rw" in device_allow
+    assert "DeviceAllow=char-drm rw" in device_allow
     assert props["Restart"] == "on-failure"
     assert props["StartLimitBurst"] == "3"
     assert props["User"] == "sglang"
@@ -146,7 +148,8 @@ def test_the_service_sees_a_read_only_system_and_a_writable_home(host):
 @pytest.mark.parametrize("name", INSTANCES)
 def test_env_file_is_root_only(host, name):
     env = host.file(f"/etc/sglang/{name}.env")
-    assert env.user == "root" and env.mode == 0o600
+    assert env.user == "root"
+    assert env.mode == 0o600
 
 
 def test_model_path_with_a_space_reaches_the_server(host):
@@ -252,4 +255,5 @@ def test_change_restarts_only_main_then_rollback_restores_it(host):
     assert http(30004, "/health_generate")[0] == 200
     # Back on the converged config: a converge run changes nothing.
     run = playbook("converge.yml")
-    assert run.returncode == 0 and "changed=0" in run.stdout, run.stdout[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "changed=0" in run.stdout, run.stdout[-3000:]

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 
-_WILDCARDS = {"0.0.0.0", "*", "::", "[::]"}
+_WILDCARDS = {"0.0.0.0", "*", "::", "[::]"}  # noqa: S104 - listeners to compare with, not a bind
 _PID = re.compile(r"\"([^\"]*)\",pid=(\d+)")
 
 
