@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,10 @@ from typing import Any
 from .cache import PrefixCache
 from .model import ModelInfo, PoolSizes
 from .settings import Settings
-from .tokenizer import output_id, output_piece
+from .tokenizer import first_out_of_vocab, out_of_vocab_message, output_id, output_piece
+
+# Prompts whose ids were already checked against the vocabulary (warm re-sends skip the scan).
+VOCAB_CHECKED_KEEP = 8
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 
@@ -37,6 +41,9 @@ class SimRequest:
     stream: bool = False
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     log_metrics: bool = True
+    # When the request arrived (time.monotonic(), set by the HTTP layer before it reads the
+    # body); the modelled time runs from here. None: when the engine first sees it.
+    arrived: float | None = None
 
 
 @dataclass
@@ -48,6 +55,14 @@ class Event:
     token_id: int
     finished: bool
     meta: dict[str, Any]
+
+
+def modelled_wait(modelled_s: float, time_scale: float, spent_s: float) -> float:
+    """Wall seconds still to sleep before the first token: the modelled prefill (scaled) minus
+    the time the simulator already spent on this request since its prefill could have begun
+    (reading and parsing a ~1 MB body, hashing, the cache match), never below 0. So a client
+    measures the modelled TTFT plus only its network overhead."""
+    return max(0.0, modelled_s * time_scale - max(0.0, spent_s))
 
 
 class Metrics:
@@ -95,6 +110,10 @@ class Engine:
         self.queued = 0
         self.flush_pending = False
         self.metrics = Metrics()
+        # When the GPU (the prefill lock) was last released: a request that arrived earlier
+        # waited for it, so its modelled prefill starts then, not at its arrival.
+        self.gpu_free_at = 0.0
+        self.vocab_checked: OrderedDict[bytes, None] = OrderedDict()
 
     # ---------------------------------------------------------------- helpers
     def scaled_sleep_until(self, deadline: float) -> None:
@@ -128,6 +147,22 @@ class Engine:
                 f"({self.max_req_input_len} tokens). Use a shorter input or enable "
                 "--allow-auto-truncate.",
             )
+        self.check_vocab(req.tokens)
+
+    def check_vocab(self, data: bytes) -> None:
+        """400 for an id outside [0, vocab_size). SGLang 0.5.23 itself has no such check on
+        input_ids (an out-of-range id fails in the embedding lookup); the simulator answers as
+        its tokenizer manager answers the one vocabulary check it has."""
+        if data in self.vocab_checked:
+            self.vocab_checked.move_to_end(data)
+            return
+        vocab = self.model.vocab_size
+        bad = first_out_of_vocab(data, vocab)
+        if bad is not None:
+            raise RequestError(400, out_of_vocab_message(bad, vocab))
+        self.vocab_checked[data] = None
+        while len(self.vocab_checked) > VOCAB_CHECKED_KEEP:
+            self.vocab_checked.popitem(last=False)
 
     def busy(self) -> bool:
         return self.running > 0 or self.queued > 0
@@ -167,12 +202,14 @@ class Engine:
         if "generate_500" in self.settings.faults:
             raise RequestError(500, "[sglang-sim] SIMULATOR fault generate_500: internal error")
         scale = self.settings.time_scale
-        t_arrive = time.monotonic()
+        t_arrive = req.arrived if req.arrived is not None else time.monotonic()
+        t_slot = t_arrive
         with self.cond:
             self.queued += 1
             try:
                 while self.running >= self.max_running:
                     self.cond.wait()
+                    t_slot = time.monotonic()  # waited for a running slot: ready from now
             finally:
                 self.queued -= 1
             self.running += 1
@@ -181,18 +218,22 @@ class Engine:
         locked: list[int] = []
         try:
             with self.gpu_lock:
-                t_start = time.monotonic()
+                # The modelled prefill begins once the request is here and the GPU is free.
+                t_start = max(t_slot, self.gpu_free_at)
                 with self.cache_lock:
                     match = self.cache.match(data)
                     locked = match.path
                     self.cache.lock(locked, +1)
                 uncached = n - match.cached_tokens
                 modelled = uncached / self.prefill_rate + match.host_tokens / self.settings.load_rate
-                self.scaled_sleep_until(t_start + modelled * scale)
+                wait = modelled_wait(modelled, scale, time.monotonic() - t_start)
+                if wait > 0:
+                    time.sleep(wait)
                 with self.cache_lock:
                     self.cache.lock(locked, -1)
                     locked = []
                     self.cache.insert(data, match.path)
+                self.gpu_free_at = time.monotonic()
             t_first = time.monotonic()
             ttft = t_first - t_arrive
             seed = hash(data[-64:]) & 0x7FFFFFFF

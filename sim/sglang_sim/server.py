@@ -21,8 +21,10 @@ from . import LOG_TAG, SGLANG_VERSION, SIM_VERSION
 from .engine import TTFT_BUCKETS, Engine, Event, RequestError, SimRequest
 from .tokenizer import (
     IdsFormatError,
+    OutOfVocabError,
     canonical,
     ids_segment_to_canonical,
+    out_of_vocab_message,
     render_chat,
     tokenize,
 )
@@ -290,8 +292,13 @@ class Handler(BaseHTTPRequestHandler):
                     try:
                         return body, ids_segment_to_canonical(inner)
                     except IdsFormatError as err:
-                        raise RequestError(400, str(err)) from None
+                        raise RequestError(400, self._ids_error(err)) from None
         return self._body(raw), None
+
+    def _ids_error(self, err: IdsFormatError) -> str:
+        if isinstance(err, OutOfVocabError):
+            return out_of_vocab_message(err.token_id, self.state.model.vocab_size)
+        return str(err)
 
     def _authorized(self, path: str) -> bool:
         key = self.state.values.get("api_key")
@@ -312,6 +319,9 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch()
 
     def _dispatch(self) -> None:
+        # Arrival: the request line and headers are in, the body is not read yet. The engine's
+        # modelled time runs from here (see engine.modelled_wait).
+        self._arrived = time.monotonic()
         self._t0 = time.perf_counter()
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
@@ -421,7 +431,7 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 return canonical(ids)
             except IdsFormatError as err:
-                raise RequestError(400, str(err)) from None
+                raise RequestError(400, self._ids_error(err)) from None
         if isinstance(text, str):
             return canonical(tokenize(text, vocab))
         if text is None:
@@ -442,12 +452,13 @@ class Handler(BaseHTTPRequestHandler):
         tokens = fast_ids if fast_ids is not None else self._tokens_from(
             body.get("text"), body.get("input_ids"))
         req = SimRequest(tokens=tokens, max_new_tokens=max_new, stream=bool(body.get("stream")),
-                         log_metrics=body.get("log_metrics", True) is not False)
+                         log_metrics=body.get("log_metrics", True) is not False,
+                         arrived=self._arrived)
         if body.get("rid"):
             req.rid = str(body["rid"])
         incremental = bool(self.state.values.get("incremental_streaming_output"))
         events = self.state.engine.run(req)
-        started = time.monotonic()
+        started = self._arrived
 
         def payload(ev: Event, text: str, ids: list[int]) -> dict[str, Any]:
             meta = self._meta(req, ev, started)
@@ -566,7 +577,8 @@ class Handler(BaseHTTPRequestHandler):
                 tokens = self._tokens_from(prompt, None)
             max_new = int(body.get("max_tokens", 16) if body.get("max_tokens") is not None else 16)
         stream = bool(body.get("stream"))
-        req = SimRequest(tokens=tokens, max_new_tokens=max_new, stream=stream)
+        req = SimRequest(tokens=tokens, max_new_tokens=max_new, stream=stream,
+                         arrived=self._arrived)
         model = body.get("model") or "default"
         created = int(time.time())
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex

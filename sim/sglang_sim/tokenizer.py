@@ -16,6 +16,7 @@ of a JSON list of ints, so 128K input ids never become 128K Python ints.
 
 from __future__ import annotations
 
+import re
 import sys
 from array import array
 from typing import Any
@@ -42,6 +43,7 @@ def tokenize(text: str, vocab_size: int) -> array:
 
 
 _DIGITS_AND_COMMA = b"0123456789,"
+_SIGNED_ID = re.compile(rb"0|-?[1-9][0-9]*")
 
 _JSON_SPACE = b" \t\r\n"
 
@@ -50,13 +52,59 @@ class IdsFormatError(ValueError):
     """The input ids are not a flat list of non-negative integers."""
 
 
+class OutOfVocabError(IdsFormatError):
+    """A token id outside [0, vocab_size); ``token_id`` is the first such id."""
+
+    def __init__(self, token_id: int, vocab_size: int | None = None) -> None:
+        self.token_id = token_id
+        self.vocab_size = vocab_size
+        super().__init__(out_of_vocab_message(token_id, vocab_size))
+
+
+def out_of_vocab_message(token_id: int, vocab_size: int | None) -> str:
+    """Worded as SGLang 0.5.23's tokenizer manager words its own vocabulary check
+    (managers/tokenizer_manager.py, ``_validate_token_ids_logprob``)."""
+    valid = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocab_size)"
+    return f"input_ids contains out-of-vocabulary token id {token_id}; valid range is {valid}."
+
+
+_DIGIT_MASK = bytes.maketrans(b"0123456789", b"0000000000")
+
+
+def first_out_of_vocab(data: bytes, vocab_size: int) -> int | None:
+    """The first id of canonical bytes that is >= vocab_size, else None.
+
+    Ids in canonical form have no leading zeros, so an id is out of range exactly when it has
+    more digits than vocab_size - 1, or as many and compares greater as bytes. The digit-count
+    test is one substring search on a masked copy; the equal-length test one pass over the
+    split ids (~20 ms for 128K ids; the engine remembers prompts it already checked).
+    """
+    if not data or vocab_size >= 1 << 63:
+        return None
+    top = str(vocab_size - 1).encode()
+    width = len(top)
+    too_long = data.translate(_DIGIT_MASK).find(b"0" * (width + 1)) >= 0
+    if not too_long and top == b"9" * width:
+        return None
+    parts = data[:-1].split(b",")
+    if not too_long and max((p for p in parts if len(p) == width), default=b"") <= top:
+        return None
+    for part in parts:
+        if len(part) > width or (len(part) == width and part > top):
+            return int(part)
+    return None  # pragma: no cover - unreachable: one of the tests above found an id
+
+
 def canonical(ids) -> bytes:
     """Canonical bytes of a sequence of ids: b"12,345,6789," (empty for no ids)."""
     ids = list(ids)
     if not ids:
         return b""
-    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in ids):
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
         raise IdsFormatError("input_ids must be a list of non-negative integers")
+    negative = next((i for i in ids if i < 0), None)
+    if negative is not None:
+        raise OutOfVocabError(negative)
     return (str(ids)[1:-1].replace(", ", ",") + ",").encode()
 
 
@@ -65,6 +113,8 @@ def ids_segment_to_canonical(segment: bytes) -> bytes:
     compact = segment.translate(None, _JSON_SPACE)
     if not compact:
         return b""
+    if b"-" in compact:
+        _raise_negative(compact)
     if compact.translate(None, _DIGITS_AND_COMMA) or compact.startswith(b",") or (
         compact.endswith(b",") or b",," in compact
     ):
@@ -72,6 +122,14 @@ def ids_segment_to_canonical(segment: bytes) -> bytes:
     if _has_leading_zero(compact):
         raise IdsFormatError("input_ids must be a list of non-negative integers")
     return compact + b","
+
+
+def _raise_negative(compact: bytes) -> None:
+    """A list holding a well-formed negative id: out of vocabulary, as SGLang would say."""
+    parts = compact.split(b",")
+    if all(_SIGNED_ID.fullmatch(part) for part in parts):
+        raise OutOfVocabError(int(next(p for p in parts if p.startswith(b"-"))))
+    raise IdsFormatError("input_ids must be a list of non-negative integers")
 
 
 def _has_leading_zero(compact: bytes) -> bool:

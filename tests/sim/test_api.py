@@ -212,6 +212,23 @@ def test_context_length_error_is_400(hicache_sim):
     assert "exceeds the maximum allowed length" in json.loads(raw)["error"]["message"]
 
 
+@pytest.mark.parametrize(("path", "field"), [("/generate", "input_ids"), ("/v1/completions", "prompt")])
+@pytest.mark.parametrize("bad", [248_320, 10**9, -1])
+def test_token_id_outside_the_vocabulary_is_400(hicache_sim, path, field, bad):
+    ids = _ids(6, 300)
+    ids[117] = bad
+    body = {field: ids, "sampling_params": {"max_new_tokens": 1}, "max_tokens": 1}
+    status, raw, _ = hicache_sim.request("POST", path, body)
+    assert status == 400, raw
+    # Worded as SGLang 0.5.23's tokenizer manager words its vocabulary check.
+    assert json.loads(raw)["error"]["message"] == (
+        f"input_ids contains out-of-vocabulary token id {bad}; valid range is [0, 248320).")
+    # The largest valid id is served.
+    ids[117] = 248_319
+    status, raw, _ = hicache_sim.request("POST", path, body)
+    assert status == 200, raw
+
+
 def test_flush_clears_device_and_host(hicache_sim):
     ids = _ids(30, 2000)
     hicache_sim.post_json("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})

@@ -159,7 +159,8 @@ def test_fault_slow_prefill_scales_the_modelled_prefill(sim_factory):
 def test_timing_model_matches_the_seed_at_128k(sim_factory):
     """Cold 128K ~ 192 s, device hit ~ free, host hit ~ 2.65 s (modelled), and the simulated
     wall-clock TTFTs keep the cold/host ordering with a wide margin."""
-    sim = sim_factory(SEED_HICACHE, {"SGLANG_SIM_TIME_SCALE": "0.002"})
+    scale = 0.005
+    sim = sim_factory(SEED_HICACHE, {"SGLANG_SIM_TIME_SCALE": str(scale)})
     info = sim.get_json("/get_server_info")
     assert info["max_total_num_tokens"] == 159_692
     ids = _ids(42, 128_000)
@@ -177,8 +178,12 @@ def test_timing_model_matches_the_seed_at_128k(sim_factory):
     assert cold_s == pytest.approx(192.0, rel=0.01)
     assert host_s == pytest.approx(2.65, rel=0.05)
     assert device["sglang_sim"]["modelled_prefill_s"] < 0.01
-    # Wall clock (scaled 0.002): ~0.384 s cold vs ~5 ms host; only the ordering with a wide
+    # Wall clock (scaled 0.005): ~0.96 s cold vs ~13 ms host. The TTFT runs from the request's
+    # arrival, so it is never shorter than the scaled model (the simulator's own work on the
+    # ~1 MB body is inside it, not added to it); beyond that only the ordering with a wide
     # margin is asserted, never an absolute speed.
+    for case in (cold, device, host):
+        assert case["sglang_sim"]["ttft_s"] >= case["sglang_sim"]["modelled_prefill_s"] * scale
     assert cold["sglang_sim"]["ttft_s"] > 5 * host["sglang_sim"]["ttft_s"]
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 from sglang_sim.args import UsageError, parse_argv
 from sglang_sim.cache import PrefixCache
+from sglang_sim.engine import modelled_wait
 from sglang_sim.model import read_model, size_pools
 from sglang_sim.settings import SettingsError, load_settings
 from sglang_sim.tokenizer import (
     IdsFormatError,
+    OutOfVocabError,
     canonical,
     canonical_to_ids,
+    first_out_of_vocab,
     ids_segment_to_canonical,
     tokenize,
 )
@@ -126,6 +129,42 @@ def test_canonical_ids_from_json_text_match_canonical_from_ints():
     for bad in (b"1,,2", b"1,-2", b"1.5", b"01,2", b"1,2,", b"true"):
         with pytest.raises(IdsFormatError):
             ids_segment_to_canonical(bad)
+
+
+def test_first_out_of_vocab_finds_the_first_id_at_or_above_vocab_size():
+    vocab = 248_320
+    assert first_out_of_vocab(canonical([0, 5, 248_319, 99_999]), vocab) is None
+    assert first_out_of_vocab(canonical([0, 248_320, 7]), vocab) == 248_320  # same width, greater
+    assert first_out_of_vocab(canonical([3, 999_999, 1_000_000, 248_321]), vocab) == 999_999
+    assert first_out_of_vocab(canonical([1, 12_345_678]), vocab) == 12_345_678  # more digits
+    assert first_out_of_vocab(canonical([31_999, 9]), 32_000) is None
+    assert first_out_of_vocab(canonical([99_999]), 100_000) is None  # all-nines bound
+    assert first_out_of_vocab(canonical([100_000]), 100_000) == 100_000
+    assert first_out_of_vocab(b"", vocab) is None
+
+
+def test_negative_ids_are_out_of_vocabulary_not_malformed():
+    with pytest.raises(OutOfVocabError) as err:
+        ids_segment_to_canonical(b"4, -12 ,7")
+    assert err.value.token_id == -12
+    with pytest.raises(OutOfVocabError):
+        canonical([4, -1])
+    for malformed in (b"-0", b"1.5,-2", b"--3"):
+        with pytest.raises(IdsFormatError) as err:
+            ids_segment_to_canonical(malformed)
+        assert not isinstance(err.value, OutOfVocabError)
+
+
+def test_modelled_wait_subtracts_the_time_spent_before_modelling():
+    # 192 modelled seconds at time scale 0.01 = 1.92 s of wall time; 0.3 s already went on
+    # reading and parsing the body, so only 1.62 s are left to sleep.
+    assert modelled_wait(192.0, 0.01, 0.3) == pytest.approx(1.62)
+    assert modelled_wait(192.0, 0.01, 0.0) == pytest.approx(1.92)
+    # Never below 0: a warm hit modelled shorter than the parse is answered at once.
+    assert modelled_wait(0.001, 0.01, 0.3) == 0.0
+    assert modelled_wait(2.65, 0.0, 0.3) == 0.0
+    # A clock that steps back counts as no time spent.
+    assert modelled_wait(1.0, 1.0, -0.5) == pytest.approx(1.0)
 
 
 def test_cache_device_hit_then_host_hit_after_eviction():
