@@ -101,14 +101,21 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ttft_chart(path: Path, title: str, labels: list[str], series: dict[str, list[float | None]]) -> None:
-    """Grouped horizontal bars of TTFT in seconds per label; each bar carries its figure."""
+def ttft_chart(
+    path: Path,
+    title: str,
+    labels: list[str],
+    series: dict[str, list[float | None]],
+    colours: dict[str, str] | None = None,
+) -> None:
+    """Grouped horizontal bars of TTFT in seconds per label; each bar carries its figure.
+    A series takes its colour from `colours` by the first word of its name."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"cold": "#c0504d", "warm": "#4f81bd"}
+    colours = colours or {"cold": "#c0504d", "warm": "#4f81bd"}
     n_series = max(len(series), 1)
     height = 0.8 / n_series
     fig, ax = plt.subplots(figsize=(8, 1.8 + 0.6 * len(labels) * n_series))
@@ -164,9 +171,37 @@ def cmd_rollout(run_dir: Path) -> int:
     return 0
 
 
+AB_TIERS = {
+    "cold": "cold\n(cache flushed)",
+    "device": "warm\n(prefix still in GPU)",
+    "host": "warm\n(prefix pushed out of GPU)",
+}
+AB_SERIES = {False: "baseline (no HiCache args)", True: "HiCache (same launch + HiCache args)"}
+AB_COLOURS = {"baseline": "#9e9e9e", "HiCache": "#2e75b6"}
+
+
+def _capacity_change(cases: list[dict[str, Any]]) -> tuple[int | None, int | None, float | None]:
+    """GPU KV capacity without and with HiCache, and the relative change."""
+    base = next((c.get("max_total_num_tokens") for c in cases if c.get("hicache") is False), None)
+    on = next((c.get("max_total_num_tokens") for c in cases if c.get("hicache") is True), None)
+    change = (on - base) / base if base and on else None
+    return base, on, change
+
+
+def _cached(case: dict[str, Any]) -> str:
+    """Share of the prompt the server reported as cached, and how much of it came from host RAM."""
+    if case.get("cached_fraction") is None:
+        return "–"
+    text = _pct(case["cached_fraction"])
+    if case.get("host_cached_fraction"):
+        text += f" ({_pct(case['host_cached_fraction'])} from host RAM)"
+    return text
+
+
 def ab_markdown(record: dict[str, Any]) -> str:
     cases = record.get("cases", [])
-    base_cap = next((c.get("max_total_num_tokens") for c in cases if c.get("hicache") is False), None)
+    base_cap, _, _ = _capacity_change(cases)
+    with_cache = any("cached_fraction" in c for c in cases)
     lines = [
         f"# HiCache A/B on {record.get('host', '?')}",
         "",
@@ -174,8 +209,9 @@ def ab_markdown(record: dict[str, Any]) -> str:
         f"{record.get('input_len', '?')} random input ids; warm = the same ids again. "
         f"Medians of {record.get('repeats', '?')} runs.",
         "",
-        "| case | TTFT | input throughput | E2E | GPU KV capacity (tokens) | capacity change |",
-        "|---|---|---|---|---|---|",
+        "| case | TTFT | input throughput | E2E | GPU KV capacity (tokens) | capacity change |"
+        + (" cached (server's cache report) |" if with_cache else ""),
+        "|---|---|---|---|---|---|" + ("---|" if with_cache else ""),
     ]
     for case in cases:
         cap = case.get("max_total_num_tokens")
@@ -186,9 +222,24 @@ def ab_markdown(record: dict[str, Any]) -> str:
         lines.append(
             f"| {case['name']} | {_ms(case.get('median_ttft_ms'))} | "
             f"{'–' if thr is None else f'{float(thr):,.0f} tok/s'} | {_ms(case.get('median_e2e_latency_ms'))} | "
-            f"{'–' if cap is None else f'{int(cap):,}'} | {change} |"
+            f"{'–' if cap is None else f'{int(cap):,}'} | {change} |" + (f" {_cached(case)} |" if with_cache else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def ab_chart_data(cases: list[dict[str, Any]]) -> tuple[list[str], dict[str, list[float | None]]]:
+    """Bars for the chart. Cases with a probe tier (cold/device/host): one group per tier, a
+    baseline bar next to a HiCache bar, so each comparison sits side by side. Otherwise one bar
+    per case."""
+    if cases and all(c.get("tier") in AB_TIERS and isinstance(c.get("hicache"), bool) for c in cases):
+        tiers = list(dict.fromkeys(c["tier"] for c in cases))
+        series: dict[str, list[float | None]] = {}
+        for hicache in (False, True):
+            if any(c["hicache"] is hicache for c in cases):
+                by_tier = {c["tier"]: c.get("median_ttft_ms") for c in cases if c["hicache"] is hicache}
+                series[AB_SERIES[hicache]] = [by_tier.get(t) for t in tiers]
+        return [AB_TIERS[t] for t in tiers], series
+    return [case["name"] for case in cases], {"TTFT": [case.get("median_ttft_ms") for case in cases]}
 
 
 def cmd_ab(record_path: Path) -> int:
@@ -196,12 +247,12 @@ def cmd_ab(record_path: Path) -> int:
     md_path = record_path.with_suffix(".md")
     md_path.write_text(ab_markdown(record))
     cases = record.get("cases", [])
-    ttft_chart(
-        record_path.with_suffix(".png"),
-        f"HiCache A/B on {record.get('host', '?')}: TTFT per case",
-        [case["name"] for case in cases],
-        {"TTFT": [case.get("median_ttft_ms") for case in cases]},
-    )
+    base_cap, on_cap, change = _capacity_change(cases)
+    title = f"HiCache A/B on {record.get('host', '?')}: time to first token (shorter is better)"
+    if change is not None:
+        title += f"\nprice: GPU KV capacity {base_cap:,} → {on_cap:,} tokens ({100 * change:+.1f} %)"
+    labels, series = ab_chart_data(cases)
+    ttft_chart(record_path.with_suffix(".png"), title, labels, series, colours=AB_COLOURS)
     print(md_path.read_text(), end="")
     print(f"\nchart: {record_path.with_suffix('.png')}")
     return 0
