@@ -37,12 +37,16 @@ HICACHE = {
 
 
 def instances(main_args: dict | None = None) -> list[dict]:
-    """The scenario's instances (vars.yml), with overrides for `main`."""
+    """The scenario's instances (vars/main.yml), with overrides for `main`."""
     return [
-        {"name": "main", "port": 30004, "environment": {"HIP_VISIBLE_DEVICES": "0,1"},
-         "args": main_args or {}},
-        {"name": "baseline", "port": 30010, "profile": "seed-baseline", "hicache_enabled": False,
-         "environment": {"HIP_VISIBLE_DEVICES": "2,3"}},
+        {"name": "main", "port": 30004, "environment": {"HIP_VISIBLE_DEVICES": "0,1"}, "args": main_args or {}},
+        {
+            "name": "baseline",
+            "port": 30010,
+            "profile": "seed-baseline",
+            "hicache_enabled": False,
+            "environment": {"HIP_VISIBLE_DEVICES": "2,3"},
+        },
     ]
 
 
@@ -56,8 +60,7 @@ def playbook(name: str, extra: dict | None = None, *options: str) -> subprocess.
         ANSIBLE_NOCOLOR="1",
         MOLECULE_PROJECT_DIRECTORY=str(PROJECT),
     )
-    argv = [str(Path(os.sys.executable).parent / "ansible-playbook"), "-i", inventory,
-            str(SCENARIO / name), *options]
+    argv = [str(Path(os.sys.executable).parent / "ansible-playbook"), "-i", inventory, str(SCENARIO / name), *options]
     if extra:
         argv += ["-e", json.dumps(extra)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -131,8 +134,7 @@ def test_limits_and_hardening_in_effect(host, name):
     # The process itself has the unlimited memlock limit the pinned HiCache pool needs.
     pid = main_pid(host, name)
     limits = host.check_output(f"cat /proc/{pid}/limits")
-    assert any(line.startswith("Max locked memory") and "unlimited" in line
-               for line in limits.splitlines()), limits
+    assert any(line.startswith("Max locked memory") and "unlimited" in line for line in limits.splitlines()), limits
 
 
 def test_the_service_sees_a_read_only_system_and_a_writable_home(host):
@@ -181,8 +183,9 @@ def test_current_release_holds_the_installed_unit(host, name):
 def test_check_diff_shows_the_change_and_restarts_nothing(host):
     before = {name: main_pid(host, name) for name in INSTANCES}
     unit_before = host.file("/etc/systemd/system/sglang-main.service").content_string
-    run = playbook("converge.yml", {"sglang_service_instances": instances({"--stream-interval": 4})},
-                   "--check", "--diff")
+    run = playbook(
+        "converge.yml", {"sglang_service_instances": instances({"--stream-interval": 4})}, "--check", "--diff"
+    )
     assert run.returncode == 0, run.stdout[-3000:]
     assert "+    --stream-interval 4" in run.stdout, run.stdout[-3000:]
     assert "-    --stream-interval 1" in run.stdout

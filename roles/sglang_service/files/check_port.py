@@ -42,9 +42,7 @@ def _in_unit(pid: int, unit: str) -> bool:
 
 
 def conflicts(address: str, port: int, unit: str) -> list[dict]:
-    out = subprocess.run(
-        ["ss", "-Hltnp", f"sport = :{port}"], check=True, capture_output=True, text=True
-    ).stdout
+    out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], check=True, capture_output=True, text=True).stdout
     found = []
     for line in out.splitlines():
         fields = line.split()

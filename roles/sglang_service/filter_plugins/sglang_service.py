@@ -47,9 +47,7 @@ def argv_groups(args: Mapping[str, Any]) -> list[list[str]]:
     groups: list[list[str]] = []
     for flag, value in args.items():
         if not isinstance(flag, str) or not _FLAG.match(flag):
-            raise AnsibleFilterError(
-                f"{flag!r} is not a long SGLang flag: write it as '--name' (e.g. '--tp-size')"
-            )
+            raise AnsibleFilterError(f"{flag!r} is not a long SGLang flag: write it as '--name' (e.g. '--tp-size')")
         if value is None or value is False:
             continue
         if value is True:
@@ -93,11 +91,7 @@ def host_pool_gb(args: Mapping[str, Any]) -> int:
 def prune(found: Sequence[Mapping[str, Any]], keep: int, protect: Sequence[str]) -> list[str]:
     """Release directories to delete: all but the `keep` newest (by mtime) and the protected ones."""
     ordered = sorted(found, key=lambda entry: entry.get("mtime", 0), reverse=True)
-    return [
-        entry["path"]
-        for entry in ordered[max(int(keep), 0):]
-        if entry["path"] not in set(protect)
-    ]
+    return [entry["path"] for entry in ordered[max(int(keep), 0) :] if entry["path"] not in set(protect)]
 
 
 def systemd_quote(word: Any) -> str:
