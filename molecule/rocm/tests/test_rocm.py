@@ -55,7 +55,8 @@ def test_service_user_created_as_system_user(host):
 @pytest.mark.parametrize("name", ["sglang", "ops"])
 def test_service_user_in_gpu_groups(host, name):
     groups = host.user(name).groups
-    assert "render" in groups and "video" in groups, groups
+    assert "render" in groups, groups
+    assert "video" in groups, groups
 
 
 def test_existing_user_kept_its_account(host):

@@ -28,7 +28,9 @@ def deb822(text):
 
 def test_keyring_is_dearmored_test_key(host):
     keyring = host.file(KEYRING)
-    assert keyring.exists and keyring.mode == 0o644 and keyring.user == "root"
+    assert keyring.exists
+    assert keyring.mode == 0o644
+    assert keyring.user == "root"
     # Binary OpenPGP, not armor: the first byte is a packet tag, not "-----BEGIN".
     assert not keyring.content.startswith(b"-----BEGIN")
     shown = host.run(f"gpg --batch --show-keys {KEYRING}")
@@ -37,10 +39,11 @@ def test_keyring_is_dearmored_test_key(host):
     assert host.file("/etc/apt/keyrings").mode == 0o755
 
 
-@pytest.mark.parametrize("name,uri", sorted(SOURCES.items()))
+@pytest.mark.parametrize(("name", "uri"), sorted(SOURCES.items()))
 def test_deb822_source(host, name, uri):
     source = host.file(f"/etc/apt/sources.list.d/{name}.sources")
-    assert source.exists and source.mode == 0o644
+    assert source.exists
+    assert source.mode == 0o644
     fields = deb822(source.content_string)
     assert fields["Types"] == "deb"
     assert fields["URIs"] == uri
@@ -55,18 +58,21 @@ def test_apt_parses_the_sources(host):
     # indextargets reads every configured source without downloading anything.
     result = host.run("apt-get indextargets --no-release-info --format '$(REPO_URI) $(RELEASE)'")
     assert result.rc == 0, result.stderr
-    assert "E:" not in result.stderr and "W:" not in result.stderr, result.stderr
+    assert "E:" not in result.stderr, result.stderr
+    assert "W:" not in result.stderr, result.stderr
     for uri in SOURCES.values():
         assert f"{uri}/ noble" in result.stdout, result.stdout
 
 
 def test_pin_priority_600(host):
     pin = host.file("/etc/apt/preferences.d/rocm-pin-600")
-    assert pin.exists and pin.mode == 0o644
+    assert pin.exists
+    assert pin.mode == 0o644
     fields = deb822(pin.content_string)
     assert fields == {"Package": "*", "Pin": "release o=repo.radeon.com", "Pin-Priority": "600"}
     policy = host.run("apt-cache policy")
-    assert policy.rc == 0 and "E:" not in policy.stderr, policy.stderr
+    assert policy.rc == 0, policy.stderr
+    assert "E:" not in policy.stderr, policy.stderr
 
 
 def test_nothing_installed_from_amd(host):
@@ -76,4 +82,5 @@ def test_nothing_installed_from_amd(host):
 
 def test_service_user_in_gpu_groups(host):
     groups = host.user("sglang").groups
-    assert "render" in groups and "video" in groups
+    assert "render" in groups
+    assert "video" in groups
