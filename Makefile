@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 SCENARIOS ?= $(shell ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename)
 
-.PHONY: help setup demo test lint syntax pytest molecule bench clean
+.PHONY: help setup demo demo-down test lint syntax pytest molecule bench clean
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
@@ -41,6 +41,9 @@ test: lint syntax pytest molecule ## everything CI runs
 
 demo: setup ## boot the demo fleet and roll hicache-fleet out on it
 	./scripts/demo.sh
+
+demo-down: ## stop the demo fleet's test hosts and remove their copies
+	for i in 1 2 3; do ./molecule/resources/hosts.sh down demo-$$i; done
 
 bench: setup ## benchmarks that print figures (not tests)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
