@@ -51,13 +51,15 @@ def test_no_temporary_symlinks_left(host):
 
 
 @pytest.mark.parametrize("link", ["current", "previous"])
-def test_release_reports_pinned_sglang(host, link):
+def test_release_reports_pinned_sglang_on_cpu_torch(host, link):
     out = _run_python(
         host,
         f"{ROOT}/{link}/bin/python",
-        "import json, sglang; print(json.dumps({'v': sglang.__version__}))",
+        "import json, sglang, torch; print(json.dumps({'v': sglang.__version__, 't': torch.__version__}))",
     )
-    assert json.loads(out.splitlines()[-1])["v"] == "0.5.23"
+    versions = json.loads(out.splitlines()[-1])
+    assert versions["v"] == "0.5.23"
+    assert versions["t"].startswith("2.13.0")
 
 
 def test_prepare_server_args_parses_a_launch_line(host):
@@ -81,11 +83,6 @@ def test_prepare_server_args_rejects_a_bad_choice(host):
     assert "invalid choice: 'foo'" in cmd.stderr
 
 
-def test_torch_is_the_cpu_build(host):
-    out = _run_python(host, f"{ROOT}/current/bin/python", "import torch; print(torch.__version__)")
-    assert out.splitlines()[-1].startswith("2.13.0")
-
-
 @pytest.mark.parametrize("path", [ROOT, f"{ROOT}/venvs", f"{ROOT}/venvs/molecule-b"])
 def test_ownership_and_modes(host, path):
     d = host.file(path)
@@ -106,7 +103,14 @@ def test_package_hash_recorded(host):
     assert len(marker.content_string.strip()) == 64
     spec = json.loads(host.file(f"{ROOT}/venvs/molecule-b/.hicache-fleet-packages.json").content_string)
     assert spec["package_set"] == "test-minimal"
+    assert spec["require_hashes"], "release B was installed in hash-checking mode"
     assert any(line.split()[1].startswith("sglang-0.5.23-") for line in spec["wheelhouse"])
+
+
+def test_release_b_installed_from_the_lock_file(host):
+    lock = host.file(f"{ROOT}/venvs/molecule-b/.hicache-fleet-requirements.lock.txt")
+    assert lock.is_file
+    assert "sglang==0.5.23 --hash=sha256:" in lock.content_string
 
 
 def test_copied_wheelhouse_removed(host):
