@@ -41,6 +41,10 @@ def _pct(value: Any) -> str:
     return "–" if value is None else f"{100 * float(value):.1f} %"
 
 
+def _prompt(input_len: Any) -> str:
+    return f", {int(input_len) // 1000}K prompt" if input_len else ""
+
+
 def host_row(record: dict[str, Any]) -> dict[str, Any]:
     """The figures of one host's probe, flattened for the table and the chart."""
     probe = record.get("probe") or {}
@@ -63,6 +67,7 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "host_cached_fraction": warm_case.get("host_cached_fraction"),
         "reasons": list(gate.get("reasons") or record.get("reasons") or []),
         "note": record.get("note", ""),
+        "input_len": probe.get("input_len"),
     }
 
 
@@ -159,7 +164,7 @@ def cmd_rollout(run_dir: Path) -> int:
         ttft_chart(
             run_dir / "ttft.png",
             "TTFT per host: cold read vs the same prefix again",
-            [f"{row['host']} ({row['verdict']})" for row in probed],
+            [f"{row['host']} ({row['verdict']}{_prompt(row['input_len'])})" for row in probed],
             {
                 "cold (cache flushed)": [row["cold_ttft_ms"] for row in probed],
                 "warm (same prefix)": [row["warm_ttft_ms"] for row in probed],

@@ -1,4 +1,4 @@
-"""Filters of the rollout_gate role: turn a probe loop result into the record a host keeps."""
+"""Filters of the rollout role: turn a probe loop result into the record a host keeps."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def rollout_gate_summary(result: dict[str, Any]) -> dict[str, Any]:
         "unit": instance.get("unit"),
         "config_hash": instance.get("config_hash"),
         "probe": {
-            "input_len": (result.get("plan") or {}).get("input_len"),
+            "input_len": (result.get("plan") or {}).get("input_len")
+            or ((result.get("invocation") or {}).get("module_args") or {}).get("input_len"),
             "server": {key: server[key] for key in _SERVER_KEYS if key in server},
             "cold": _case(result.get("cold")),
             "warm": {tier: _case(case) for tier, case in warm.items()},
