@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from procs import stop_by_pid
 
 SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
 if str(SIM_DIR) not in sys.path:
@@ -77,14 +78,7 @@ class Sim:
         return json.loads(raw)
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        return self.proc.returncode
+        return stop_by_pid(self.proc)
 
 
 def start_sim(tmp_path: Path, model_dir: Path, extra_args: list[str] | None = None,
