@@ -21,7 +21,8 @@ base="$cache/rootfs/$suite"
 hosts="$cache/hosts"
 key="$cache/ssh/id_ed25519"
 boot_timeout=${HICACHE_FLEET_BOOT_TIMEOUT:-90}
-base_packages=systemd,systemd-sysv,dbus,python3,openssh-server,iproute2,ca-certificates,procps
+# python3-apt: Ansible's apt module needs it for an honest --check (Ubuntu servers ship it).
+base_packages=systemd,systemd-sysv,dbus,python3,python3-apt,openssh-server,iproute2,ca-certificates,procps
 
 log() { printf '[test-hosts] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -43,7 +44,7 @@ ensure_key() {
 
 cmd_base() {
   need debootstrap
-  if [ -x "$base/usr/bin/python3" ] && [ -f "$base/.hicache-fleet-base" ]; then
+  if [ -x "$base/usr/bin/python3" ] && [ "$(cat "$base/.hicache-fleet-base" 2>/dev/null)" = "$base_packages" ]; then
     log "base rootfs cached: $base"
     return
   fi
@@ -58,7 +59,7 @@ cmd_base() {
   rm -f "$tmp"/etc/ssh/ssh_host_*
   rm -f "$tmp/etc/machine-id"
   apt_clean "$tmp"
-  touch "$tmp/.hicache-fleet-base"
+  echo "$base_packages" >"$tmp/.hicache-fleet-base"
   rm -rf "$base"
   mv "$tmp" "$base"
   trap - EXIT
