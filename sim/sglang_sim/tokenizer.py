@@ -16,6 +16,7 @@ of a JSON list of ints, so 128K input ids never become 128K Python ints.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from array import array
@@ -68,31 +69,31 @@ def out_of_vocab_message(token_id: int, vocab_size: int | None) -> str:
     return f"input_ids contains out-of-vocabulary token id {token_id}; valid range is {valid}."
 
 
-_DIGIT_MASK = bytes.maketrans(b"0123456789", b"0000000000")
+@functools.lru_cache(maxsize=8)
+def _out_of_vocab_pattern(vocab_size: int) -> re.Pattern[bytes]:
+    """One id (between commas) that is >= vocab_size: more digits than vocab_size - 1, or as many
+    and greater digit by digit (canonical ids have no leading zeros)."""
+    top = str(vocab_size - 1).encode()
+    width = len(top)
+    alternatives = [b"[0-9]{%d,}" % (width + 1)]
+    for i, digit in enumerate(top):
+        if digit < ord("9"):
+            alternatives.append(
+                re.escape(top[:i]) + b"[" + bytes([digit + 1]) + b"-9]" + b"[0-9]" * (width - i - 1)
+            )
+    return re.compile(b"(?:^|,)(" + b"|".join(alternatives) + b"),")
 
 
 def first_out_of_vocab(data: bytes, vocab_size: int) -> int | None:
     """The first id of canonical bytes that is >= vocab_size, else None.
 
-    Ids in canonical form have no leading zeros, so an id is out of range exactly when it has
-    more digits than vocab_size - 1, or as many and compares greater as bytes. The digit-count
-    test is one substring search on a masked copy; the equal-length test one pass over the
-    split ids (~20 ms for 128K ids; the engine remembers prompts it already checked).
+    One compiled regular-expression search over the bytes (a few ms for 128K ids), no per-id
+    Python work.
     """
     if not data or vocab_size >= 1 << 63:
         return None
-    top = str(vocab_size - 1).encode()
-    width = len(top)
-    too_long = data.translate(_DIGIT_MASK).find(b"0" * (width + 1)) >= 0
-    if not too_long and top == b"9" * width:
-        return None
-    parts = data[:-1].split(b",")
-    if not too_long and max((p for p in parts if len(p) == width), default=b"") <= top:
-        return None
-    for part in parts:
-        if len(part) > width or (len(part) == width and part > top):
-            return int(part)
-    return None  # pragma: no cover - unreachable: one of the tests above found an id
+    match = _out_of_vocab_pattern(vocab_size).search(data)
+    return int(match.group(1)) if match else None
 
 
 def canonical(ids) -> bytes:
