@@ -3,7 +3,8 @@
 the converged demo fleet against an Ansible floor measured in the same run (a play with fact
 gathering and one no-op task on the same hosts), as a ratio; and the wall time for 1 vs 3 hosts.
 
-Needs the demo fleet converged: run `make demo` first. Usage: benchmarks/rollout_rerun.py [--runs N]
+Needs a converged fleet: the demo fleet (`make demo` first), or any inventory whose first host is named
+with --one. Usage: benchmarks/rollout_rerun.py [--runs N] [--inventory DIR --one HOST]
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ FLOOR = """---
 """
 
 
-def run(playbook: Path, limit: str | None) -> tuple[float, str]:
-    argv = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(playbook)]
+def run(playbook: Path, limit: str | None, inventory: Path = INVENTORY) -> tuple[float, str]:
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook)]
     if limit:
         argv += ["--limit", limit]
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FACT_CACHING": "memory"}
@@ -53,18 +54,20 @@ def changed_total(stdout: str) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--inventory", type=Path, default=INVENTORY)
+    parser.add_argument("--one", default="demo-1", help="the host of the 1-host case")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         floor = Path(tmp) / "floor.yml"
         floor.write_text(FLOOR)
         rows = []
-        for limit in ("demo-1", None):
+        for limit in (args.one, None):
             site, base, changed = [], [], 0
             for _ in range(args.runs):
-                elapsed, out = run(ROOT / "site.yml", limit)
+                elapsed, out = run(ROOT / "site.yml", limit, args.inventory)
                 site.append(elapsed)
                 changed += changed_total(out)
-                base.append(run(floor, limit)[0])
+                base.append(run(floor, limit, args.inventory)[0])
             rows.append((limit or "all 3 hosts", statistics.median(site), statistics.median(base), changed))
     print(f"{'hosts':<12} {'site.yml re-run':>16} {'Ansible floor':>14} {'ratio':>7} {'changed':>8}")
     for hosts, site_s, floor_s, changed in rows:
