@@ -20,7 +20,6 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -34,6 +33,9 @@ from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from procs import stop_by_pid  # noqa: E402  (the one stop-by-PID helper of the test suites)
+
 INPUT_LEN = 128_000
 VOCAB = 248_320  # the seed model's vocabulary (the simulator's fixture model)
 REFERENCE_TTFT_S = 0.192  # 192 s scaled 1000x, as the simulator does
@@ -106,16 +108,6 @@ def start_sim(workdir: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the simulator did not come up")
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def against_simulator(probe: ModuleType, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_sim(Path(tmp))
@@ -138,7 +130,7 @@ def against_simulator(probe: ModuleType, rounds: int) -> None:
                     e["engine"].append(run["ttft_s"] - sim["ttft_s"])
                     e["modelled"].append(run["ttft_s"] - sim["modelled_prefill_s"] * sim["time_scale"])
         finally:
-            stop(proc)
+            stop_by_pid(proc)
     print(f"== probe TTFT minus the simulator's TTFT at {INPUT_LEN} tokens (time scale 0.001)")
     for name, e in errors.items():
         print(f"   {name:<12} vs engine-measured  {ms(e['engine'])}")
@@ -201,7 +193,7 @@ def against_reference(probe: ModuleType, rounds: int) -> None:
             run = client.stream_generate(body)
             errors.append(run["ttft_s"] - run["meta_info"]["server_ttft_s"])
     finally:
-        stop(proc)
+        stop_by_pid(proc)
     print(f"== probe TTFT minus a reference server's exact TTFT ({REFERENCE_TTFT_S * 1000:.0f} ms, {INPUT_LEN} ids)")
     print(f"   probe overhead     {ms(errors)}   target: < 5 ms")
 

@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import random
-import signal
 import socket
 import statistics
 import subprocess
@@ -27,6 +26,9 @@ import urllib.request
 from pathlib import Path
 
 SIM_DIR = Path(__file__).resolve().parents[1] / "sim"
+sys.path.insert(0, str(SIM_DIR.parent / "tests"))
+from procs import stop_by_pid  # noqa: E402  (the one stop-by-PID helper of the test suites)
+
 sys.path.insert(0, str(SIM_DIR))
 
 from sglang_sim.fixture_model import write_model_dir  # noqa: E402
@@ -127,13 +129,7 @@ def main() -> int:
             sim = filled["sglang_sim"]
             rss_full = _rss_mb(proc.pid)
         finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
+            stop_by_pid(proc)
 
     def ms(values: list[float]) -> str:
         return (f"median {statistics.median(values) * 1e3:.1f} ms, "
