@@ -151,7 +151,9 @@ def cmd_rollout(run_dir: Path) -> int:
     meta_path = run_dir / "run.json"
     run = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     rows = [host_row(r) for r in records]
-    if any(row["verdict"] in ("failed", "rolled back") for row in rows):
+    if run.get("check_mode") in (True, "True", "true"):
+        run["verdict"] = "check mode: nothing was restarted, probed or validated"
+    elif any(row["verdict"] in ("failed", "rolled back") for row in rows):
         run["verdict"] = "stopped: a host failed its gate and was rolled back"
     elif rows:
         run["verdict"] = "every host passed or was already validated"

@@ -77,3 +77,13 @@ def test_ab_table_reports_capacity_change(tmp_path):
     assert "233,207" in md
     assert "-31.5 %" in md
     assert (tmp_path / "ab.png").exists()
+
+
+def test_check_mode_run_claims_no_pass(tmp_path):
+    write_run(tmp_path, [{"host": "demo-1", "verdict": "would be probed (check mode)", "probe": {}}])
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r2", "check_mode": True}))
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    md = (tmp_path / "rollout.md").read_text()
+    assert "check mode: nothing was restarted, probed or validated" in md
+    assert "| demo-1 | would be probed (check mode) |" in md
+    assert "passed" not in md.split("| host |")[1]
