@@ -67,6 +67,7 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "host_cached_fraction": warm_case.get("host_cached_fraction"),
         "reasons": list(gate.get("reasons") or record.get("reasons") or []),
         "note": record.get("note", ""),
+        "router": list(record.get("router") or []),
         "input_len": probe.get("input_len"),
     }
 
@@ -103,6 +104,10 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 lines.append(f"- **{row['host']}**: {reason}")
             if row["note"]:
                 lines.append(f"- **{row['host']}**: {row['note']}")
+    moves = [row for row in rows if row["router"]]
+    if moves:
+        lines += ["", "## Router rotation", ""]
+        lines += [f"- **{row['host']}**: " + "; ".join(row["router"]) for row in moves]
     return "\n".join(lines) + "\n"
 
 

@@ -87,3 +87,24 @@ def test_check_mode_run_claims_no_pass(tmp_path):
     assert "check mode: nothing was restarted, probed or validated" in md
     assert "| demo-1 | would be probed (check mode) |" in md
     assert "passed" not in md.split("| host |")[1]
+
+
+def test_router_moves_are_listed_per_host(tmp_path):
+    write_run(
+        tmp_path,
+        [
+            {"host": "demo-1", "verdict": "unchanged", "config_hash": "a" * 64, "probe": probe(192000, 2650)},
+            {
+                "host": "demo-2",
+                "verdict": "rolled back",
+                "config_hash": "b" * 64,
+                "probe": probe(192000, 150000, ["host-tier cached fraction 0.000 < min_host_cached_fraction 0.9"]),
+                "router": ["left http://10.0.0.2:30000", "joined http://10.0.0.2:30000"],
+            },
+        ],
+    )
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    md = (tmp_path / "rollout.md").read_text()
+    section = md.split("## Router rotation", 1)[1]
+    assert "- **demo-2**: left http://10.0.0.2:30000; joined http://10.0.0.2:30000" in section
+    assert "demo-1" not in section

@@ -41,3 +41,16 @@ def test_host_tier_was_proven(host):
     record = json.loads(host.file("/var/lib/hicache-fleet/validated.json").content_string)
     warm_host = record["instances"]["main"]["probe"]["warm"]["host"]
     assert warm_host["host_cached_fraction"] >= 0.8
+
+
+def test_router_routes_to_the_host_and_finds_it_healthy(host):
+    """The real sglang-router on the controller lists this host's instance, healthy: it joined on
+    the first rollout and came back after the broken change's rollback."""
+    from urllib.request import urlopen
+
+    variables = host.ansible.get_variables()
+    with urlopen(f"{variables['rollout_router_url']}/workers", timeout=10) as answer:
+        workers = json.load(answer)["workers"]
+    mine = [w for w in workers if w["url"] == f"http://{variables['ansible_host']}:30004"]
+    assert len(mine) == 1, workers
+    assert mine[0]["is_healthy"] is True
