@@ -34,19 +34,22 @@ def write_run(run_dir: Path, records: list[dict]) -> None:
         (run_dir / "hosts" / f"{record['host']}.json").write_text(json.dumps(record))
 
 
+def passed_then_rolled_back(first_verdict: str = "passed", **second: object) -> list[dict]:
+    """A good first host, then one whose host tier did nothing (rolled back)."""
+    return [
+        {"host": "demo-1", "verdict": first_verdict, "config_hash": "a" * 64, "probe": probe(192000, 2650)},
+        {
+            "host": "demo-2",
+            "verdict": "rolled back",
+            "config_hash": "b" * 64,
+            "probe": probe(192000, 150000, ["host-tier cached fraction 0.000 < min_host_cached_fraction 0.9"]),
+            **second,
+        },
+    ]
+
+
 def test_rollout_report_names_each_host_and_the_violated_threshold(tmp_path):
-    write_run(
-        tmp_path,
-        [
-            {"host": "demo-1", "verdict": "passed", "config_hash": "a" * 64, "probe": probe(192000, 2650)},
-            {
-                "host": "demo-2",
-                "verdict": "rolled back",
-                "config_hash": "b" * 64,
-                "probe": probe(192000, 150000, ["host-tier cached fraction 0.000 < min_host_cached_fraction 0.9"]),
-            },
-        ],
-    )
+    write_run(tmp_path, passed_then_rolled_back())
     assert fleet_report.main(["rollout", str(tmp_path)]) == 0
     md = (tmp_path / "rollout.md").read_text()
     assert "| demo-1 | passed | 192.00 s | 2.65 s (host) |" in md
@@ -90,19 +93,8 @@ def test_check_mode_run_claims_no_pass(tmp_path):
 
 
 def test_router_moves_are_listed_per_host(tmp_path):
-    write_run(
-        tmp_path,
-        [
-            {"host": "demo-1", "verdict": "unchanged", "config_hash": "a" * 64, "probe": probe(192000, 2650)},
-            {
-                "host": "demo-2",
-                "verdict": "rolled back",
-                "config_hash": "b" * 64,
-                "probe": probe(192000, 150000, ["host-tier cached fraction 0.000 < min_host_cached_fraction 0.9"]),
-                "router": ["left http://10.0.0.2:30000", "joined http://10.0.0.2:30000"],
-            },
-        ],
-    )
+    moves = ["left http://10.0.0.2:30000", "joined http://10.0.0.2:30000"]
+    write_run(tmp_path, passed_then_rolled_back("unchanged", router=moves))
     assert fleet_report.main(["rollout", str(tmp_path)]) == 0
     md = (tmp_path / "rollout.md").read_text()
     section = md.split("## Router rotation", 1)[1]
