@@ -40,3 +40,24 @@ def test_usage_without_a_command(tmp_path):
     result = run(cache=tmp_path)
     assert result.returncode == 2
     assert "hosts.sh up NAME ADDRESS" in result.stdout
+
+
+def test_stop_pid_stops_the_recorded_process_and_spares_a_reused_pid(tmp_path):
+    from procs import stop_by_pid
+
+    mine = subprocess.Popen(["sleep", "300"])
+    other = subprocess.Popen(["sleep", "301"])
+    try:
+        (tmp_path / "mine.pid").write_text(f"{mine.pid} sleep\n")
+        # The PID file names a word the process's command line does not have: as if the PID had
+        # been given to another process since.
+        (tmp_path / "other.pid").write_text(f"{other.pid} sglang_router\n")
+        assert run("stop-pid", str(tmp_path / "mine.pid"), cache=tmp_path).returncode == 0
+        assert run("stop-pid", str(tmp_path / "other.pid"), cache=tmp_path).returncode == 0
+        assert mine.wait(timeout=20) is not None
+        assert other.poll() is None, "a process whose command line lacks the word must be left alone"
+        assert not (tmp_path / "mine.pid").exists()
+        assert not (tmp_path / "other.pid").exists()
+    finally:
+        stop_by_pid(mine)
+        stop_by_pid(other)

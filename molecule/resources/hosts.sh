@@ -9,6 +9,7 @@
 #   hosts.sh list                      guests this checkout has running
 #   hosts.sh destroy-all               `down` for every guest this checkout knows of
 #   hosts.sh key                       print the path of the SSH private key the hosts accept
+#   hosts.sh stop-pid FILE             stop a controller process a scenario recorded as "PID WORD"
 #
 # State lives under $HICACHE_FLEET_CACHE (default: <checkout>/.cache): rootfs/<suite>, hosts/NAME
 # (root/, nspawn.pid, console.log), ssh/id_ed25519.
@@ -148,22 +149,41 @@ EOF
   die "$name did not come up within ${boot_timeout}s (last state: ${state:-unknown})"
 }
 
+# SIGTERM a process by its PID, SIGKILL it if it is still there after 15 s. Usage: stop_pid PID LABEL
+# (A zombie has exited already: it only waits for its parent to collect it.)
+stop_pid() {
+  local pid=$1 label=$2
+  running() { kill -0 "$pid" 2>/dev/null && [ "$(sed -n 's/.*) \(.\).*/\1/p' "/proc/$pid/stat" 2>/dev/null)" != Z ]; }
+  kill -TERM "$pid"
+  for _ in $(seq 1 60); do running || break; sleep 0.25; done
+  if running; then
+    log "$label did not shut down in 15 s; killing pid $pid"
+    kill -KILL "$pid" 2>/dev/null || true
+    sleep 0.5
+  fi
+  log "stopped $label (pid $pid)"
+}
+
 cmd_down() {
   local name=${1:?usage: hosts.sh down NAME} dir pid
   dir="$hosts/$name"
   [ -d "$dir" ] || return 0
   pid=$(pid_of "$name")
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "$name did not shut down in 15 s; killing pid $pid"
-      kill -KILL "$pid" 2>/dev/null || true
-      sleep 0.5
-    fi
-    log "stopped $name (pid $pid)"
-  fi
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then stop_pid "$pid" "$name"; fi
   rm -rf "$dir"
+}
+
+# A controller-side process a scenario started (e.g. molecule/rollout's router): FILE holds
+# "PID WORD"; the process is stopped only while its command line still contains WORD (a PID the
+# kernel gave to another process since is left alone). FILE is removed.
+cmd_stop_pid() {
+  local file=${1:?usage: hosts.sh stop-pid FILE} pid word
+  [ -f "$file" ] || return 0
+  read -r pid word <"$file"
+  if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$word"; then
+    stop_pid "$pid" "$(basename "$file" .pid)"
+  fi
+  rm -f "$file"
 }
 
 cmd_list() {
@@ -188,8 +208,9 @@ case ${1:-} in
   base) cmd_base ;;
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
+  stop-pid) shift; cmd_stop_pid "$@" ;;
   list) cmd_list ;;
   destroy-all) cmd_destroy_all ;;
   key) ensure_key; echo "$key" ;;
-  *) sed -n '2,14p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac
