@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 # Per-run lists stay in the probe's own report; the record keeps what the gate and people read.
@@ -35,6 +37,7 @@ def rollout_gate_summary(result: dict[str, Any]) -> dict[str, Any]:
         "instance": instance.get("name"),
         "unit": instance.get("unit"),
         "config_hash": instance.get("config_hash"),
+        "components": instance.get("components") or {},
         "probe": {
             "input_len": (result.get("plan") or {}).get("input_len")
             or ((result.get("invocation") or {}).get("module_args") or {}).get("input_len"),
@@ -64,6 +67,42 @@ def rollout_gate_reasons(result: dict[str, Any]) -> list[str]:
     return reasons
 
 
+def rollout_record(content: str | None) -> dict[str, Any]:
+    """A host's validation record from its slurped (base64) content; an empty record when absent."""
+    if not content:
+        return {"instances": {}}
+    record = json.loads(base64.b64decode(content))
+    if not isinstance(record, dict) or not isinstance(record.get("instances"), dict):
+        raise ValueError("the validation record has no 'instances' mapping")
+    return record
+
+
+def rollout_order(inventory_hosts: list[str], play_hosts: list[str], canary: list[str]) -> list[str]:
+    """This run's hosts in the inventory's order, the canary group's hosts first.
+
+    `inventory_hosts` is groups['sglang_hosts'] (stable, inventory order), `play_hosts` the run's
+    hosts after --limit (any order), `canary` groups['sglang_canary'] (may be empty).
+    """
+    in_run = set(play_hosts)
+    ordered = [host for host in inventory_hosts if host in in_run]
+    ordered += [host for host in play_hosts if host not in set(ordered)]
+    first = [host for host in ordered if host in set(canary)]
+    return first + [host for host in ordered if host not in set(first)]
+
+
+def rollout_plan_summary(pending: list[str], targets: list[str], unvalidated: list[str]) -> str:
+    """One line on what a host's release needs: the instances that restart and those probed."""
+    if not pending and not targets:
+        return "runs its validated release; nothing to restart or probe."
+    text = f"restart {', '.join(pending) or 'nothing'}; probe {', '.join(targets) or 'nothing'}"
+    if unvalidated:
+        text += (f" ({', '.join(unvalidated)} already run a release that was never validated:"
+                 " an earlier run stopped before its gate)")
+    return text + "."
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"rollout_gate_summary": rollout_gate_summary, "rollout_gate_reasons": rollout_gate_reasons}
+        return {"rollout_gate_summary": rollout_gate_summary, "rollout_gate_reasons": rollout_gate_reasons,
+                "rollout_record": rollout_record, "rollout_order": rollout_order,
+                "rollout_plan_summary": rollout_plan_summary}

@@ -15,6 +15,8 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -88,10 +90,61 @@ def host_pool_gb(args: Mapping[str, Any]) -> int:
     return size * tp
 
 
-def prune(found: Sequence[Mapping[str, Any]], keep: int, protect: Sequence[str]) -> list[str]:
-    """Release directories to delete: all but the `keep` newest (by mtime) and the protected ones."""
+def prune(
+    found: Sequence[Mapping[str, Any]], keep: int, protect: Sequence[str], protect_ids: Sequence[str] = ()
+) -> list[str]:
+    """Release directories to delete: all but the `keep` newest (by mtime) and the protected ones.
+
+    `protect` names directories by path; `protect_ids` by release id (a config hash, or its first 12
+    characters, which is the directory's name).
+    """
+    ids = {str(i)[:12] for i in protect_ids if i}
+    paths = set(protect)
     ordered = sorted(found, key=lambda entry: entry.get("mtime", 0), reverse=True)
-    return [entry["path"] for entry in ordered[max(int(keep), 0) :] if entry["path"] not in set(protect)]
+    return [
+        entry["path"]
+        for entry in ordered[max(int(keep), 0) :]
+        if entry["path"] not in paths and str(entry["path"]).rstrip("/").rsplit("/", 1)[-1] not in ids
+    ]
+
+
+def changing(
+    candidates: Sequence[Sequence[Mapping[str, Any]]], env_contents: Mapping[str, str]
+) -> list[str]:
+    """Names of the instances whose live unit or env file differs from the candidate.
+
+    `candidates` is the plan zipped with the stat results (sha256 checksums) of the live unit and env
+    file of each instance.
+    """
+    names = []
+    for instance, unit_stat, env_stat in candidates:
+        unit_sum = (unit_stat.get("stat") or {}).get("checksum", "")
+        env_sum = (env_stat.get("stat") or {}).get("checksum", "")
+        want_unit = hashlib.sha256(str(instance["unit_content"]).encode()).hexdigest()
+        want_env = hashlib.sha256(str(env_contents[instance["name"]]).encode()).hexdigest()
+        if unit_sum != want_unit or env_sum != want_env:
+            names.append(instance["name"])
+    return names
+
+
+_RELEASE_KEYS = ("name", "unit", "bind", "port", "profile", "hicache", "api_key_set", "config_hash",
+                 "release_dir", "state_dir", "components")
+_MODEL_FLAGS = ("--model-path", "--speculative-draft-model-path")
+
+
+def release_record(instance: Mapping[str, Any], python: str) -> dict[str, Any]:
+    """What a release is: the instance's address and config hash, and every path it runs from.
+
+    `venv` is the venv release directory of the python (<venv>/bin/python); `model_paths` the model
+    directories of its argv. Pruning of venvs and model revisions keeps whatever a kept release names.
+    """
+    record = {key: instance[key] for key in _RELEASE_KEYS if key in instance}
+    record["port"] = int(record.get("port", 0))
+    record["python"] = str(python)
+    record["venv"] = posixpath.dirname(posixpath.dirname(str(python)))
+    args = instance.get("args") or {}
+    record["model_paths"] = [str(args[flag]) for flag in _MODEL_FLAGS if args.get(flag)]
+    return record
 
 
 def systemd_quote(word: Any) -> str:
@@ -129,5 +182,7 @@ class FilterModule:
             "sglang_service_systemd_quote": systemd_quote,
             "sglang_service_host_pool_gb": host_pool_gb,
             "sglang_service_prune": prune,
+            "sglang_service_changing": changing,
+            "sglang_service_release_record": release_record,
             "sglang_service_env_quote": env_quote,
         }

@@ -1,0 +1,53 @@
+"""The rollout role's filters: the order of a run's hosts and the host's validation record."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _filters():
+    path = ROOT / "roles" / "rollout" / "filter_plugins" / "rollout.py"
+    spec = importlib.util.spec_from_file_location("rollout_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+INVENTORY = ["a3", "a1", "a2", "c1"]  # groups['sglang_hosts']: inventory order
+
+
+@pytest.mark.parametrize(
+    ("play_hosts", "canary", "expected"),
+    [
+        (["a2", "c1", "a1", "a3"], ["c1"], ["c1", "a3", "a1", "a2"]),  # canary group first
+        (["a2", "c1", "a1", "a3"], [], ["a3", "a1", "a2", "c1"]),  # no canary group: inventory order
+        (["a2", "a1"], ["c1"], ["a1", "a2"]),  # --limit without the canary: first limited host leads
+        (["c1", "a3"], ["c1"], ["c1", "a3"]),
+    ],
+)
+def test_rollout_order(play_hosts, canary, expected):
+    assert _filters().rollout_order(INVENTORY, play_hosts, canary) == expected
+
+
+def test_rollout_record():
+    f = _filters()
+    assert f.rollout_record("") == {"instances": {}}
+    record = {"instances": {"main": {"config_hash": "x"}}, "host_release": {"components": {}}}
+    assert f.rollout_record(base64.b64encode(json.dumps(record).encode()).decode()) == record
+    with pytest.raises(ValueError, match="instances"):
+        f.rollout_record(base64.b64encode(b"[]").decode())
+
+
+def test_rollout_plan_summary():
+    f = _filters()
+    assert f.rollout_plan_summary([], [], []) == "runs its validated release; nothing to restart or probe."
+    assert f.rollout_plan_summary(["main"], ["main"], []) == "restart main; probe main."
+    text = f.rollout_plan_summary([], ["main"], ["main"])
+    assert text.startswith("restart nothing; probe main (main already run a release that was never validated")
