@@ -24,21 +24,21 @@ sglang_hosts:
 """
 
 # The same two plays as playbooks/rollout.yml: order, then batches on _rollout_order (one host each).
-PLAYBOOK = f"""\
+PLAYBOOK = """\
 - hosts: sglang_hosts
   gather_facts: false
   tasks:
     - ansible.builtin.include_role:
         name: rollout
         tasks_from: order
-        apply: {{run_once: true}}
+        apply: {run_once: true}
       run_once: true
 - hosts: _rollout_order
   gather_facts: false
   serial: [1, 1, 1, 1]
   tasks:
     - ansible.builtin.debug:
-        msg: "VISIT {{{{ inventory_hostname }}}}"
+        msg: "VISIT {{ inventory_hostname }}"
 """
 
 
