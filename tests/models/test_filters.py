@@ -99,6 +99,7 @@ def test_manifest_file_list_or_files_dict(tmp_path):
         (model(sync_src=""), None, DIR, "models_main.sync_src is empty (source sync)"),
         (model(), model(), DIR, "models_main.name and models_draft.name must differ"),
         (model(), model("d", manifest=[]), DIR, "models_draft: no manifest"),
+        (model(), {}, DIR, 'models_draft.name "" must be a plain directory name'),
         (model(), None, "srv/models", 'models_dir "srv/models" must be an absolute path'),
         (model(manifest=[], manifest_file="rel.yml"), None, DIR,
          "models_main.manifest_file 'rel.yml' must be an absolute path"),

@@ -138,7 +138,7 @@ def _model(var: str, model: Any, models_dir: str, problems: list[str]) -> dict[s
 
 
 def models_plan(main: Any, draft: Any, models_dir: str) -> dict[str, Any]:
-    """The models this run manages (the draft is ``None``/empty when disabled) and every input problem.
+    """The models this run manages (the draft is ``None`` when disabled) and every input problem.
 
     ``paths`` maps ``models_main``/``models_draft`` to the versioned store path ("" for a disabled
     draft); ``release`` maps each model name to its manifest hash's first 12 hex digits.
@@ -147,7 +147,7 @@ def models_plan(main: Any, draft: Any, models_dir: str) -> dict[str, Any]:
     problems: list[str] = []
     if not models_dir.startswith("/"):
         problems.append(f'models_dir "{models_dir}" must be an absolute path')
-    wanted = [("models_main", main)] + ([("models_draft", draft)] if draft else [])
+    wanted = [("models_main", main)] + ([("models_draft", draft)] if draft is not None else [])
     models = [_model(var, model, models_dir, problems) for var, model in wanted]
     names = [m["name"] for m in models]
     if len(set(names)) != len(names):
