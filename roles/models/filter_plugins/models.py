@@ -1,0 +1,232 @@
+"""Filters of the models role: the models as a plan, file checks against a manifest, what to prune.
+
+Plain functions (testable without Ansible) exposed as Jinja filters:
+
+- ``models_plan(main, draft, models_dir)``: the main model and the draft (``None`` when the draft
+  is disabled) normalised into ``{models, problems, paths, release}``: each model with its sorted
+  manifest, its manifest hash and its versioned store path ``<models_dir>/.store/<name>-<hash[:12]>``
+  (deterministic: the same manifest always gives the same path); every input problem collected as a
+  sentence naming the variable. A ``manifest_file`` is read here, on the controller.
+- ``models_file_problems(stat_results, check_sha256)``: the files of a registered ``stat`` loop that do
+  not match their manifest entry (``item``), as ``[{path, msg}]``.
+- ``models_prune_problems(keep, models_dir)``: why a keep list cannot be used (empty, not absolute, or
+  naming nothing under models_dir).
+- ``models_prune_paths(found, keep)``: the found store/staging entries that no kept path names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SIZE = re.compile(r"^[0-9]+$")
+SOURCES = ("hf", "http", "sync")
+
+
+def manifest_sha256(files: Sequence[Mapping[str, Any]]) -> str:
+    """sha256 of the canonical manifest: ``[[path, sha256, size], ...]`` sorted by path, as JSON."""
+    canon = [[f["path"], f["sha256"], int(f["size"])] for f in sorted(files, key=lambda f: f["path"])]
+    return hashlib.sha256(json.dumps(canon).encode()).hexdigest()
+
+
+def load_manifest_file(path: str) -> tuple[list[Any], str | None]:
+    """The entries of a manifest file on the controller (a list, or a dict with ``files``), or a problem."""
+    if not os.path.isabs(path):
+        return [], (f"manifest_file {path!r} must be an absolute path on the controller "
+                    "(e.g. '{{ inventory_dir }}/files/...')")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        return [], f"manifest_file {path} cannot be read on the controller: {exc.strerror or exc}"
+    except yaml.YAMLError as exc:
+        return [], f"manifest_file {path} is not valid YAML/JSON: {exc}"
+    if isinstance(data, Mapping):
+        data = data.get("files")
+    if not isinstance(data, list):
+        return [], f"manifest_file {path} must hold a list of files (or a dict with files:)"
+    return data, None
+
+
+def _manifest(var: str, model: Mapping[str, Any], problems: list[str]) -> list[dict[str, Any]]:
+    raw: Any = model.get("manifest") or []
+    if not raw and model.get("manifest_file"):
+        raw, problem = load_manifest_file(str(model["manifest_file"]))
+        if problem:
+            problems.append(f"{var}.{problem}")
+    if isinstance(raw, Mapping):
+        raw = raw.get("files") or []
+    if not isinstance(raw, list):
+        problems.append(f"{var}.manifest must be a list of {{path, sha256, size}}")
+        raw = []
+    base = str(model.get("http_base_url") or "").rstrip("/")
+    files: list[dict[str, Any]] = []
+    for entry in raw:
+        if not isinstance(entry, Mapping):
+            problems.append(f"{var}: manifest entry {entry!r} must be a dict with path, sha256 and size")
+            continue
+        path = str(entry.get("path") or "")
+        sha = str(entry.get("sha256") or "").lower()
+        size = str(entry.get("size", ""))
+        if not path or path.startswith("/") or ".." in path.split("/"):
+            problems.append(f'{var}: manifest path "{path}" must be relative, without ..')
+        if not _SHA256.match(sha):
+            problems.append(f"{var}: manifest entry {path} needs a sha256 of 64 hex digits")
+        if not _SIZE.match(size):
+            problems.append(f"{var}: manifest entry {path} needs a size in bytes")
+        files.append({
+            "path": path,
+            "sha256": sha,
+            "size": int(size) if _SIZE.match(size) else 0,
+            "url": str(entry.get("url") or f"{base}/{path}"),
+            "own_url": bool(entry.get("url")),
+        })
+    paths = [f["path"] for f in files]
+    for dup in sorted({p for p in paths if paths.count(p) > 1}):
+        problems.append(f"{var}: manifest lists {dup} more than once")
+    return sorted(files, key=lambda f: f["path"])
+
+
+def _model(var: str, model: Any, models_dir: str, problems: list[str]) -> dict[str, Any]:
+    if not isinstance(model, Mapping):
+        problems.append(f"{var} must be a dict with name, source and manifest")
+        model = {}
+    name = str(model.get("name") or "")
+    source = str(model.get("source") or "")
+    files = _manifest(var, model, problems)
+    if not _NAME.match(name):
+        problems.append(f'{var}.name "{name}" must be a plain directory name (letters, digits, . _ -)')
+    if source not in SOURCES:
+        problems.append(f'{var}.source "{source}" must be hf, http or sync')
+    if not files:
+        problems.append(f"{var}: no manifest; set {var}.manifest (or .manifest_file) to the files with sha256 and size")
+    if source == "hf" and not model.get("hf_repo_id"):
+        problems.append(f"{var}.hf_repo_id is empty (source hf)")
+    if source == "hf" and not _COMMIT.match(str(model.get("hf_revision") or "")):
+        problems.append(f'{var}.hf_revision must pin a commit (40 hex digits), not "{model.get("hf_revision") or ""}"')
+    if source == "http" and not model.get("http_base_url") and not all(f["own_url"] for f in files):
+        problems.append(f"{var}.http_base_url is empty and not every manifest entry has its own url (source http)")
+    if source == "sync" and not model.get("sync_src"):
+        problems.append(f"{var}.sync_src is empty (source sync)")
+    digest = manifest_sha256(files)
+    revision = f"{name}-{digest[:12]}"
+    return {
+        "var": var,
+        "name": name,
+        "source": source,
+        "manifest_sha256": digest,
+        "manifest12": digest[:12],
+        "path": f"{models_dir}/.store/{revision}",
+        "staging": f"{models_dir}/.staging/{revision}",
+        "files": [{k: v for k, v in f.items() if k != "own_url"} for f in files],
+        "total_size": sum(f["size"] for f in files),
+        "hf_repo_id": str(model.get("hf_repo_id") or ""),
+        "hf_revision": str(model.get("hf_revision") or ""),
+        "sync_src": str(model.get("sync_src") or "").rstrip("/"),
+        "sync_remote_src": bool(model.get("sync_remote_src", False)),
+    }
+
+
+def models_plan(main: Any, draft: Any, models_dir: str) -> dict[str, Any]:
+    """The models this run manages (the draft is ``None`` when disabled) and every input problem.
+
+    ``paths`` maps ``models_main``/``models_draft`` to the versioned store path ("" for a disabled
+    draft); ``release`` maps each model name to its manifest hash's first 12 hex digits.
+    """
+    models_dir = str(models_dir or "").rstrip("/") or str(models_dir or "")
+    problems: list[str] = []
+    if not models_dir.startswith("/"):
+        problems.append(f'models_dir "{models_dir}" must be an absolute path')
+    wanted = [("models_main", main)] + ([("models_draft", draft)] if draft is not None else [])
+    models = [_model(var, model, models_dir, problems) for var, model in wanted]
+    names = [m["name"] for m in models]
+    if len(set(names)) != len(names):
+        problems.append("models_main.name and models_draft.name must differ")
+    paths = {"models_main": "", "models_draft": ""}
+    paths.update({m["var"]: m["path"] for m in models})
+    return {
+        "models": models,
+        "problems": problems,
+        "paths": paths,
+        "release": {m["name"]: m["manifest12"] for m in models},
+    }
+
+
+def models_file_problems(
+    results: Sequence[Mapping[str, Any]], check_sha256: bool = True
+) -> list[dict[str, str]]:
+    """The files of a registered ``stat`` loop (item = manifest entry) that do not match the manifest.
+
+    Sizes are always compared; sha256 only with ``check_sha256`` (the stat ran with get_checksum).
+    Skipped items (no ``stat``) are ignored.
+    """
+    bad: list[dict[str, str]] = []
+    for result in results:
+        stat, entry = result.get("stat"), result.get("item") or {}
+        if stat is None:
+            continue
+        path = entry.get("path", "?")
+        got = f"sha256 {stat.get('checksum')} ({stat.get('size')} bytes)"
+        want = f"manifest says {entry.get('sha256')} ({entry.get('size')} bytes)"
+        if not stat.get("exists"):
+            bad.append({"path": path, "msg": f"{path} is missing"})
+        elif check_sha256 and stat.get("checksum") != entry.get("sha256"):
+            bad.append({"path": path, "msg": f"{path}: {got}, {want}"})
+        elif int(stat.get("size", -1)) != int(entry.get("size", -2)):
+            bad.append({"path": path, "msg": f"{path}: {stat.get('size')} bytes, manifest says {entry.get('size')}"})
+    return bad
+
+
+def _norm(path: str) -> str:
+    return posixpath.normpath(str(path)) if path else ""
+
+
+def models_prune_problems(keep: Any, models_dir: str) -> list[str]:
+    """Why ``models_prune_keep`` cannot be used; empty when it can."""
+    fix = ("set models_prune_keep to the model paths of the host's current, previous and validated "
+           "releases (absolute paths)")
+    if isinstance(keep, str) or not isinstance(keep, Sequence):
+        return [f"models_prune_keep must be a list of absolute paths, not {type(keep).__name__}; {fix}"]
+    if not keep:
+        return [f"models_prune_keep is empty: refusing to prune, every store copy would be a candidate; {fix}"]
+    problems = [f'models_prune_keep entry "{p}" is not an absolute path' for p in keep if not str(p).startswith("/")]
+    root = _norm(models_dir) + "/"
+    if not problems and not any(_norm(p).startswith(root) for p in keep):
+        problems.append(f"models_prune_keep names nothing under models_dir ({models_dir}): refusing to prune; {fix}")
+    return problems
+
+
+def models_prune_paths(found: Sequence[str], keep: Sequence[str]) -> list[str]:
+    """The found entries (store copies, staging dirs, legacy links) that no kept path names.
+
+    An entry is kept when a kept path is that entry or lies inside it.
+    """
+    kept = {_norm(k) for k in keep if k}
+    out = []
+    for entry in found:
+        path = _norm(entry)
+        if not any(k == path or k.startswith(path + "/") for k in kept):
+            out.append(path)
+    return sorted(out)
+
+
+class FilterModule:
+    """Jinja filters of the models role."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "models_plan": models_plan,
+            "models_file_problems": models_file_problems,
+            "models_prune_problems": models_prune_problems,
+            "models_prune_paths": models_prune_paths,
+        }

@@ -1,0 +1,193 @@
+"""The models role's filters (roles/models/filter_plugins/models.py) as plain functions: the plan
+(versioned, deterministic paths; every input problem named), the file checks against a manifest, and
+what prune may remove."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location("models_filters", ROOT / "roles/models/filter_plugins/models.py")
+assert _SPEC
+assert _SPEC.loader
+F = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(F)
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+DIR = "/srv/sglang/models"
+
+
+def entry(path: str, sha: str = SHA_A, size: int = 10) -> dict:
+    return {"path": path, "sha256": sha, "size": size}
+
+
+def model(name: str = "main", **kw) -> dict:
+    base = {"name": name, "source": "sync", "sync_src": "/src/" + name, "manifest": [entry("b.bin"), entry("a.json")]}
+    return {**base, **kw}
+
+
+def canon_hash(entries: list[dict]) -> str:
+    """An independent spelling of the manifest hash: sorted [path, sha256, size] triples as JSON."""
+    canon = [[e["path"], e["sha256"], int(e["size"])] for e in sorted(entries, key=lambda e: e["path"])]
+    return hashlib.sha256(json.dumps(canon).encode()).hexdigest()
+
+
+# --- the plan -------------------------------------------------------------------------------------
+def test_versioned_path_is_the_manifest_hash_and_deterministic():
+    main = model()
+    plan = F.models_plan(main, model("draft"), DIR)
+    assert plan["problems"] == []
+    digest = canon_hash(main["manifest"])
+    assert plan["paths"]["models_main"] == f"{DIR}/.store/main-{digest[:12]}"
+    assert plan["models"][0]["staging"] == f"{DIR}/.staging/main-{digest[:12]}"
+    assert plan["release"] == {"main": digest[:12], "draft": digest[:12]}
+    # Same manifest in another order gives the same path; one changed file gives another.
+    shuffled = model(manifest=list(reversed(main["manifest"])))
+    assert F.models_plan(shuffled, None, DIR)["paths"]["models_main"] == plan["paths"]["models_main"]
+    changed = model(manifest=[entry("b.bin", SHA_B), entry("a.json")])
+    assert F.models_plan(changed, None, DIR)["paths"]["models_main"] != plan["paths"]["models_main"]
+
+
+def test_disabled_draft_has_empty_path_and_no_release_entry():
+    plan = F.models_plan(model(), None, DIR + "/")
+    assert plan["paths"]["models_draft"] == ""
+    assert list(plan["release"]) == ["main"]
+    assert plan["paths"]["models_main"].startswith(DIR + "/.store/main-")
+
+
+def test_files_are_sorted_with_urls_from_the_base():
+    plan = F.models_plan(model(source="http", http_base_url="http://h:1/m/", sync_src=""), None, DIR)
+    files = plan["models"][0]["files"]
+    assert [f["path"] for f in files] == ["a.json", "b.bin"]
+    assert files[0]["url"] == "http://h:1/m/a.json"
+    assert plan["models"][0]["total_size"] == 20
+    assert plan["problems"] == []
+
+
+def test_manifest_file_list_or_files_dict(tmp_path):
+    listed = tmp_path / "list.yml"
+    listed.write_text(f"- {{path: x, sha256: {SHA_A}, size: 3}}\n")
+    wrapped = tmp_path / "dict.json"
+    wrapped.write_text(json.dumps({"files": [entry("x", SHA_A, 3)]}))
+    plans = [F.models_plan(model(manifest=[], manifest_file=str(p)), None, DIR) for p in (listed, wrapped)]
+    assert [p["problems"] for p in plans] == [[], []]
+    assert plans[0]["paths"] == plans[1]["paths"]
+
+
+@pytest.mark.parametrize(
+    ("main", "draft", "models_dir", "expected"),
+    [
+        (model(name="a/b"), None, DIR, 'models_main.name "a/b" must be a plain directory name'),
+        (model(source="ftp"), None, DIR, 'models_main.source "ftp" must be hf, http or sync'),
+        (model(manifest=[]), None, DIR, "models_main: no manifest; set models_main.manifest"),
+        (model(manifest=[entry("../x")]), None, DIR, 'manifest path "../x" must be relative'),
+        (model(manifest=[entry("/x")]), None, DIR, 'manifest path "/x" must be relative'),
+        (model(manifest=[entry("x", "zz")]), None, DIR, "manifest entry x needs a sha256 of 64 hex digits"),
+        (model(manifest=[{"path": "x", "sha256": SHA_A}]), None, DIR, "manifest entry x needs a size in bytes"),
+        (model(manifest=[entry("x"), entry("x")]), None, DIR, "models_main: manifest lists x more than once"),
+        (model(source="hf", sync_src=""), None, DIR, "models_main.hf_repo_id is empty (source hf)"),
+        (model(source="hf", hf_repo_id="o/m", hf_revision="main"), None, DIR,
+         'models_main.hf_revision must pin a commit (40 hex digits), not "main"'),
+        (model(source="http"), None, DIR,
+         "models_main.http_base_url is empty and not every manifest entry has its own url"),
+        (model(sync_src=""), None, DIR, "models_main.sync_src is empty (source sync)"),
+        (model(), model(), DIR, "models_main.name and models_draft.name must differ"),
+        (model(), model("d", manifest=[]), DIR, "models_draft: no manifest"),
+        (model(), {}, DIR, 'models_draft.name "" must be a plain directory name'),
+        (model(), None, "srv/models", 'models_dir "srv/models" must be an absolute path'),
+        (model(manifest=[], manifest_file="rel.yml"), None, DIR,
+         "models_main.manifest_file 'rel.yml' must be an absolute path"),
+        (model(manifest=[], manifest_file="/nonexistent/m.yml"), None, DIR,
+         "models_main.manifest_file /nonexistent/m.yml cannot be read on the controller"),
+    ],
+)
+def test_each_input_problem_is_named(main, draft, models_dir, expected):
+    problems = F.models_plan(main, draft, models_dir)["problems"]
+    assert any(expected in p for p in problems), problems
+
+
+def test_http_entries_with_own_urls_need_no_base():
+    main = model(source="http", sync_src="", manifest=[{**entry("x"), "url": "http://h/x"}])
+    plan = F.models_plan(main, None, DIR)
+    assert plan["problems"] == []
+    assert plan["models"][0]["files"][0]["url"] == "http://h/x"
+    assert "own_url" not in plan["models"][0]["files"][0]
+
+
+def test_manifest_file_that_is_not_a_list(tmp_path):
+    bad = tmp_path / "m.yml"
+    bad.write_text("just a string\n")
+    problems = F.models_plan(model(manifest=[], manifest_file=str(bad)), None, DIR)["problems"]
+    assert any("must hold a list of files" in p for p in problems), problems
+
+
+# --- file checks ----------------------------------------------------------------------------------
+def stat_result(path: str, exists: bool = True, size: int = 10, checksum: str = SHA_A) -> dict:
+    stat = {"exists": exists, "size": size, "checksum": checksum} if exists else {"exists": False}
+    return {"item": entry(path), "stat": stat}
+
+
+def test_file_problems_by_size_and_by_sha256():
+    results = [
+        stat_result("ok"),
+        stat_result("gone", exists=False),
+        stat_result("short", size=9),
+        stat_result("flipped", checksum=SHA_B),
+        {"item": entry("skipped"), "skipped": True},
+    ]
+    by_size = F.models_file_problems(results, False)
+    assert [b["path"] for b in by_size] == ["gone", "short"]
+    assert by_size[1]["msg"] == "short: 9 bytes, manifest says 10"
+    by_sha = F.models_file_problems(results, True)
+    assert [b["path"] for b in by_sha] == ["gone", "short", "flipped"]
+    assert by_sha[2]["msg"] == f"flipped: sha256 {SHA_B} (10 bytes), manifest says {SHA_A} (10 bytes)"
+    assert by_sha[0]["msg"] == "gone is missing"
+
+
+# --- prune ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("keep", "expected"),
+    [
+        ([], "models_prune_keep is empty: refusing to prune"),
+        ("/srv/sglang/models/.store/x", "must be a list of absolute paths, not str"),
+        (None, "must be a list of absolute paths, not NoneType"),
+        (["relative/x"], 'entry "relative/x" is not an absolute path'),
+        (["/opt/sglang/releases/r1"], "names nothing under models_dir (/srv/sglang/models): refusing to prune"),
+    ],
+)
+def test_prune_refuses_unusable_keep_lists(keep, expected):
+    problems = F.models_prune_problems(keep, DIR)
+    assert any(expected in p for p in problems), problems
+
+
+def test_prune_accepts_a_keep_list_with_a_model_path():
+    assert F.models_prune_problems(["/opt/venv", f"{DIR}/.store/m-abc"], DIR + "/") == []
+
+
+def test_prune_removes_exactly_what_no_kept_path_names():
+    found = [
+        f"{DIR}/.store/m-111111111111",
+        f"{DIR}/.store/m-222222222222",
+        f"{DIR}/.store/m-333333333333.damaged-20261201T000000",
+        f"{DIR}/.store/m-444444444444-20261130T010203",
+        f"{DIR}/.staging/m-555555555555",
+        f"{DIR}/legacy",
+    ]
+    keep = [
+        f"{DIR}/.store/m-111111111111/",  # trailing slash
+        f"{DIR}/.store/m-444444444444-20261130T010203/config.json",  # a path inside a copy keeps the copy
+        f"{DIR}/.store/m-333333333333",  # names the clean copy, not the damaged one beside it
+    ]
+    assert F.models_prune_paths(found, keep) == [
+        f"{DIR}/.staging/m-555555555555",
+        f"{DIR}/.store/m-222222222222",
+        f"{DIR}/.store/m-333333333333.damaged-20261201T000000",
+        f"{DIR}/legacy",
+    ]
+    assert F.models_prune_paths(found, found) == []
