@@ -122,7 +122,7 @@ def verdict(props: Mapping[str, str], restarts_before: int = -1) -> str:
     if active == "failed":
         return "the unit failed"
     if sub == "auto-restart":
-        return "its process exited and systemd is about to restart it (crash loop)"
+        return "its process exited and systemd waits to restart it (SubState=auto-restart)"
     restarts = _int(props.get("NRestarts", "0"))
     if restarts_before >= 0 and restarts > restarts_before:
         return f"systemd restarted its process {restarts - restarts_before} time(s) while we waited (crash loop)"
