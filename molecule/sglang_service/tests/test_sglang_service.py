@@ -4,6 +4,9 @@ The running state (active units, sockets on the host's own address, the service 
 hardening as systemd reports it), then behaviour on change: --check --diff shows a pending change
 and restarts nothing; each bad profile fails before any restart with its message while the old
 service keeps serving; a real change restarts and the rollback restores the previous release.
+side_effect.yml's record: five config changes in a row all restart main (the start limit never
+refuses a deliberate restart); a server that exits at start fails the health wait early with the
+unit's state and journal in the message and no api key anywhere in the output.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -191,6 +195,91 @@ def test_current_release_holds_the_installed_unit(host, name):
     assert host.file(f"{release}/unit").content_string == unit
     assert host.file(f"{release}/env").mode == 0o600
     assert host.file(f"/var/lib/sglang/{name}/releases").mode == 0o700
+
+
+# --- side_effect.yml ------------------------------------------------------------------------------
+def side_effect_record(name: str = "side_effect.json") -> dict:
+    path = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / name
+    assert path.exists(), f"{path} is missing: run `molecule side-effect -s sglang_service` before verify"
+    return json.loads(path.read_text())
+
+
+def steps() -> dict[str, dict]:
+    return {step["name"]: step for step in side_effect_record()["steps"]}
+
+
+CHANGES = [f"stream-interval {n}" for n in range(2, 7)]
+
+
+def test_five_config_changes_in_a_row_all_restart_main():
+    record = steps()
+    runs = [record["before"]] + [record[name] for name in CHANGES]
+    for step in runs[1:]:
+        assert step["rc"] == 0, step["output"][-3000:]
+        assert "attempted too often" not in step["output"], step["output"][-3000:]
+        assert "changed=0" not in step["output"], step["output"][-3000:]
+    for step in runs:
+        unit = step["unit"]
+        assert unit["ActiveState"] == "active", (step["name"], unit)
+        assert unit["SubState"] == "running", (step["name"], unit)
+        assert unit["NRestarts"] == "0", (step["name"], unit)  # no crash restarts
+        # The limit for crash loops is still there.
+        assert unit["StartLimitBurst"] == "3", unit
+        assert unit["StartLimitIntervalUSec"] == "1h", unit
+    # Each change restarted main on a new release, and the server runs the new setting.
+    assert len({step["unit"]["MainPID"] for step in runs}) == len(runs)
+    assert len({step["release"] for step in runs}) == len(runs)
+    for number, name in enumerate(CHANGES, start=2):
+        assert record[name]["server_info"]["stream_interval"] == number, record[name]["server_info"]
+    # More deliberate restarts than StartLimitBurst allows, inside one StartLimitIntervalSec
+    # (so without the reset the fourth would have been refused).
+    assert len(CHANGES) > int(runs[0]["unit"]["StartLimitBurst"])
+    first, last = datetime.fromisoformat(runs[1]["start"]), datetime.fromisoformat(runs[-1]["end"])
+    assert (last - first).total_seconds() < 3600
+
+
+def test_a_server_that_exits_at_start_fails_the_wait_early():
+    record = side_effect_record()
+    step = steps()["fault"]
+    fault = side_effect_record("fault.json")
+    assert step["rc"] != 0, step["output"][-3000:]
+    assert fault["failed_task"].endswith("Wait | an instance did not become healthy"), fault
+    polls = {poll["item"]["unit"]: poll for poll in fault["polls"]}
+    main = polls["sglang-main.service"]
+    assert main["healthy"] is False
+    assert main["gave_up"] is True, main
+    # It stopped at the unit's failure, long before the health budget ran out.
+    assert main["attempts"] < record["health_retries"] / 2, main
+    assert polls["sglang-baseline.service"]["healthy"] is True
+    [message] = fault["messages"]
+    assert message.startswith("sglang-main.service gave up waiting: "), message
+    for word in ("ActiveState=", "SubState=", "Result=", "NRestarts=", "exit status 1"):
+        assert word in message, message
+    # The journal's last lines: the server's own startup error.
+    assert "Not enough host memory available" in message, message
+    assert "[sglang-sim SIMULATOR fault startup_exit]" in message, message
+    # The unit logged its key (ExecStartPre): the message shows it redacted.
+    assert "SIMULATED startup log line carrying the key <redacted>" in message, message
+
+
+def test_no_api_key_in_the_failed_runs_output():
+    record = side_effect_record()
+    fault = side_effect_record("fault.json")
+    output = steps()["fault"]["output"]
+    assert "<redacted>" in output  # the message was printed
+    for key in record["keys"]:
+        assert key not in output
+        assert key not in json.dumps(fault["messages"])
+
+
+def test_the_good_config_is_back_after_the_fault(host):
+    record = steps()
+    restored = record["restored"]
+    assert restored["rc"] == 0, restored["output"][-3000:]
+    assert restored["release"] == record["before"]["release"]
+    assert restored["unit"]["ActiveState"] == "active"
+    assert "SGLANG_SIM_FAULT" not in host.file("/etc/sglang/main.env").content_string
+    assert http(30004, "/health_generate")[0] == 200, journal(host, "main")
 
 
 def test_check_diff_shows_the_change_and_restarts_nothing(host):

@@ -11,6 +11,8 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
   process unchanged (spaces, quotes, backslashes, ``%`` specifiers, ``$`` expansion).
 - ``sglang_service_env_quote(value)``: one value in EnvironmentFile syntax.
 - ``sglang_service_host_pool_gb(mapping)``: GB of pinned host RAM the HiCache pools take.
+- ``sglang_service_redact(text, secrets)``: text (or lines) with every secret replaced by
+  ``<redacted>``, and any value SGLang prints after ``--api-key`` / ``api_key=`` too.
 """
 
 from __future__ import annotations
@@ -172,6 +174,30 @@ def env_quote(value: Any) -> str:
     return f'"{text}"'
 
 
+REDACTED = "<redacted>"
+# What SGLang itself prints with a key in it: its argv (`--api-key KEY`) and its ServerArgs
+# (`api_key='KEY'`), also for a key the role no longer knows (a rolled-back release's).
+_KEY_IN_LOG = re.compile(r"""(--api-key[= ]+|api_key=)(['"]?)(?!<redacted>|None\b)[^\s'",)]+""")
+
+
+def redact(text: Any, secrets: Any) -> Any:
+    """Replace every non-empty secret in text (a string or a list of lines) with ``<redacted>``.
+
+    Longer secrets first, so a key that contains another key is not half-replaced. Values SGLang
+    logs after ``--api-key`` or ``api_key=`` are redacted whether or not the role knows them.
+    """
+    if isinstance(text, Sequence) and not isinstance(text, (str, bytes)):
+        return [redact(line, secrets) for line in text]
+    if secrets is None:
+        secrets = []
+    elif isinstance(secrets, str) or not isinstance(secrets, Sequence):
+        secrets = [secrets]
+    result = "" if text is None else str(text)
+    for secret in sorted({str(s) for s in secrets if s is not None and str(s) != ""}, key=len, reverse=True):
+        result = result.replace(secret, REDACTED)
+    return _KEY_IN_LOG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", result)
+
+
 class FilterModule:
     """Jinja filters of the sglang_service role."""
 
@@ -185,4 +211,5 @@ class FilterModule:
             "sglang_service_changing": changing,
             "sglang_service_release_record": release_record,
             "sglang_service_env_quote": env_quote,
+            "sglang_service_redact": redact,
         }
