@@ -210,6 +210,26 @@ def _cached(case: dict[str, Any]) -> str:
     return text
 
 
+def _ab_release_lines(record: dict[str, Any]) -> list[str]:
+    """The release the A/B ran on (and put the host back on), and how each launch relates to it."""
+    release = record.get("release")
+    if not release:
+        return []
+    found = str(release.get("config_hash", ""))[:12]
+    hashes = {arm: str(value)[:12] for arm, value in (record.get("config_hashes") or {}).items()}
+    same = [arm for arm, value in hashes.items() if value == found]
+    line = (
+        f"Ran on the release the host served, config `{found}`: python `{release.get('python', '?')}`, "
+        f"model `{release.get('model', '?')}`"
+        + (f", draft `{release['draft']}`" if release.get("draft") else "")
+        + ". Launch configs: "
+        + ", ".join(f"{arm} `{value}`" for arm, value in hashes.items())
+        + (f" ({' and '.join(same)} = the served release)" if same else " (neither is the served release as is)")
+        + ". The playbook puts the host back on that release and checks that it serves it."
+    )
+    return [line, ""]
+
+
 def ab_markdown(record: dict[str, Any]) -> str:
     cases = record.get("cases", [])
     base_cap, _, _ = _capacity_change(cases)
@@ -221,6 +241,7 @@ def ab_markdown(record: dict[str, Any]) -> str:
         f"{record.get('input_len', '?')} random input ids; warm = the same ids again. "
         f"Medians of {record.get('repeats', '?')} runs.",
         "",
+        *_ab_release_lines(record),
         "| case | TTFT | input throughput | E2E | GPU KV capacity (tokens) | capacity change |"
         + (" cached (server's cache report) |" if with_cache else ""),
         "|---|---|---|---|---|---|" + ("---|" if with_cache else ""),

@@ -61,6 +61,14 @@ def test_rollout_report_names_each_host_and_the_violated_threshold(tmp_path):
     assert (tmp_path / "ttft.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def ab_table(tmp_path, record: dict) -> str:
+    """Write an A/B record, run `fleet_report.py ab` on it, return the Markdown table."""
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps(record))
+    assert fleet_report.main(["ab", str(path)]) == 0
+    return (tmp_path / "ab.md").read_text()
+
+
 def test_ab_table_reports_capacity_change(tmp_path):
     record = {
         "host": "demo-1",
@@ -72,14 +80,24 @@ def test_ab_table_reports_capacity_change(tmp_path):
             {"name": "HiCache warm", "hicache": True, "median_ttft_ms": 2650, "max_total_num_tokens": 159692},
         ],
     }
-    path = tmp_path / "ab.json"
-    path.write_text(json.dumps(record))
-    assert fleet_report.main(["ab", str(path)]) == 0
-    md = (tmp_path / "ab.md").read_text()
+    md = ab_table(tmp_path, record)
     assert "| HiCache cold | 192.50 s |" in md
     assert "233,207" in md
     assert "-31.5 %" in md
     assert (tmp_path / "ab.png").exists()
+
+
+def test_ab_table_names_the_release_it_ran_on(tmp_path):
+    record = {
+        "host": "demo-3",
+        "release": {"config_hash": "d7744063224d" + "0" * 52, "python": "/opt/sglang/venvs/r1/bin/python",
+                    "model": "/srv/models/m", "draft": ""},
+        "config_hashes": {"baseline": "aaaa" * 16, "hicache": "d7744063224d" + "0" * 52},
+        "cases": [{"name": "baseline · cold", "hicache": False, "median_ttft_ms": 900, "max_total_num_tokens": 233207}],
+    }
+    md = ab_table(tmp_path, record)
+    assert "config `d7744063224d`: python `/opt/sglang/venvs/r1/bin/python`, model `/srv/models/m`." in md
+    assert "baseline `aaaaaaaaaaaa`, hicache `d7744063224d` (hicache = the served release)" in md
 
 
 def test_check_mode_run_claims_no_pass(tmp_path):
