@@ -141,10 +141,11 @@ options:
       - >-
         Prompt lengths: a baseline measured with the same O(input_len) is compared figure by figure. A
         baseline measured with a longer prompt has its cold TTFT scaled down linearly to O(input_len)
-        (prefill grows at least linearly with the prompt, so this can only overstate the expected time,
-        never fail a healthy host) and its warm figures are not compared (a warm hit's time is not
-        proportional to the prompt). A baseline measured with a shorter prompt is not compared at all
-        (scaling it up would understate the expected time). C(gate.baseline) says what was compared.
+        (the prefill cost per token grows with the prompt, so where prefill dominates the TTFT this
+        overstates what a healthy server takes, never understates it) and its warm figures are not
+        compared (a warm hit's time is not proportional to the prompt). A baseline measured with a
+        shorter prompt is not compared at all (scaling it up would understate the expected time).
+        C(gate.baseline) says what was compared.
     type: raw
   max_regression:
     description:
@@ -725,9 +726,10 @@ def comparable_baseline(baseline: dict, input_len: int) -> dict:
     """The baseline's median TTFTs (ms) as expected at input_len, and what could not be compared.
 
     Same prompt length (or unknown): every figure. Longer: the cold TTFT scaled by
-    input_len / base_len (prefill grows at least linearly with the prompt, so the scaled figure can
-    only overstate what a healthy server takes), warm figures left out (a warm hit's time is mostly
-    not proportional to the prompt). Shorter: nothing (scaling up would understate it)."""
+    input_len / base_len (the prefill cost per token grows with the prompt, so where prefill
+    dominates the TTFT the scaled figure overstates what a healthy server takes), warm figures left
+    out (a warm hit's time is mostly not proportional to the prompt). Shorter: nothing (scaling up
+    would understate it)."""
     source = baseline.get("source") if isinstance(baseline.get("source"), str) else "the baseline"
     base_len = baseline_input_len(baseline)
     out: dict = {"source": source, "input_len": base_len, "scale": 1.0, "cold_ms": None, "warm_ms": {},
