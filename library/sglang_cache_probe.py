@@ -128,15 +128,37 @@ options:
   baseline:
     description:
       - >-
-        An earlier result to hold the host to its own past; the registered result of an earlier run
-        of this module, the JSON it wrote to O(report_path) (as a dict), or the path of that JSON
-        file on the managed host.
-      - Cold and warm median TTFTs may not exceed the baseline's by more than O(max_regression).
+        An earlier result to hold the host to: the registered result of an earlier run of this
+        module, the JSON it wrote to O(report_path) (as a dict), or the path of that JSON file on the
+        managed host. Any dict with C(cold.median_ttft_ms) (and optionally C(warm.<tier>.median_ttft_ms)
+        and C(input_len)) does, e.g. a median of other hosts' results.
+      - >-
+        A C(source) key in the dict names it in the gate's reasons (e.g. C(the last validated result on
+        this host)).
+      - >-
+        Each median TTFT (cold, and each warm tier the baseline has) may be at most
+        baseline x (1 + O(max_regression)) + O(regression_slack_ms).
+      - >-
+        Prompt lengths: a baseline measured with the same O(input_len) is compared figure by figure. A
+        baseline measured with a longer prompt has its cold TTFT scaled down linearly to O(input_len)
+        (the prefill cost per token grows with the prompt, so where prefill dominates the TTFT this
+        overstates what a healthy server takes, never understates it) and its warm figures are not
+        compared (a warm hit's time is not proportional to the prompt). A baseline measured with a
+        shorter prompt is not compared at all (scaling it up would understate the expected time).
+        C(gate.baseline) says what was compared.
     type: raw
   max_regression:
-    description: Allowed relative TTFT regression against O(baseline) (0.25 means 25% slower).
+    description:
+      - Allowed relative TTFT regression against O(baseline) (0.25 means 25% slower, 1.0 twice as slow).
     type: float
     default: 0.25
+  regression_slack_ms:
+    description:
+      - >-
+        Milliseconds added to every O(baseline) limit: differences this small are measurement noise
+        (HTTP, scheduling), not a regression. Matters for warm reads that take milliseconds.
+    type: float
+    default: 0.0
   gate:
     description: When false, only measure; the checks are still reported but never fail the task.
     type: bool
@@ -177,10 +199,11 @@ EXAMPLES = r"""
     gate: false
   register: measured
 
-- name: Hold the host to its own validated result
+- name: Hold the host to its own validated result (at most twice as slow, 250 ms of noise allowed)
   sglang_cache_probe:
     baseline: /var/lib/hicache-fleet/probe.json
-    max_regression: 0.2
+    max_regression: 1.0
+    regression_slack_ms: 250
   changed_when: false
 """
 
@@ -260,6 +283,11 @@ gate:
     passed: {description: every check passed, type: bool}
     reasons: {description: one sentence per violated threshold with its figure, type: list}
     checks: {description: every check with its value and limit, type: list}
+    baseline:
+      description: >-
+        With O(baseline): its source, its input_len, the scale applied to its cold TTFT, the
+        figures compared (ms, at this run's input_len) and a note on what could not be compared.
+      type: dict
 report_path:
   description: Where the JSON record was written.
   returned: when report_path is set
@@ -436,6 +464,8 @@ def validate_params(p: dict) -> list[str]:
             )
     if p.get("max_regression") is not None and p["max_regression"] < 0:
         errors.append(f"max_regression must be >= 0 (got {p['max_regression']}).")
+    if p.get("regression_slack_ms") is not None and p["regression_slack_ms"] < 0:
+        errors.append(f"regression_slack_ms must be >= 0 (got {p['regression_slack_ms']}).")
     return errors
 
 
@@ -682,16 +712,49 @@ def load_baseline(baseline: Any) -> dict | None:
     return baseline
 
 
-def check_baseline_matches(baseline: dict | None, p: dict) -> None:
-    """A baseline measured with another prompt length says nothing about this run."""
-    if baseline is None:
-        return
-    base_len = (baseline.get("cold") or {}).get("random_input_len")
-    if isinstance(base_len, int) and base_len != p["input_len"]:
-        raise ProbeError(
-            f"the baseline was measured with input_len {base_len}, this run uses {p['input_len']}; "
-            "use the same input_len or a baseline measured with it."
-        )
+def baseline_input_len(baseline: dict) -> int | None:
+    """The prompt length a baseline was measured with (a rollout record, a report or a result)."""
+    for value in (baseline.get("input_len"), baseline.get("random_input_len"),
+                  (baseline.get("cold") or {}).get("random_input_len"),
+                  (baseline.get("plan") or {}).get("input_len")):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def comparable_baseline(baseline: dict, input_len: int) -> dict:
+    """The baseline's median TTFTs (ms) as expected at input_len, and what could not be compared.
+
+    Same prompt length (or unknown): every figure. Longer: the cold TTFT scaled by
+    input_len / base_len (the prefill cost per token grows with the prompt, so where prefill
+    dominates the TTFT the scaled figure overstates what a healthy server takes), warm figures left
+    out (a warm hit's time is mostly not proportional to the prompt). Shorter: nothing (scaling up
+    would understate it)."""
+    source = baseline.get("source") if isinstance(baseline.get("source"), str) else "the baseline"
+    base_len = baseline_input_len(baseline)
+    out: dict = {"source": source, "input_len": base_len, "scale": 1.0, "cold_ms": None, "warm_ms": {},
+                 "note": None}
+    cold_ms = (baseline.get("cold") or {}).get("median_ttft_ms")
+    warm = {tier: (case or {}).get("median_ttft_ms") for tier, case in (baseline.get("warm") or {}).items()
+            if isinstance(case, dict)}
+    warm = {tier: ms for tier, ms in warm.items() if isinstance(ms, (int, float)) and ms > 0}
+    if base_len is None or base_len == input_len:
+        out["cold_ms"] = cold_ms if isinstance(cold_ms, (int, float)) and cold_ms > 0 else None
+        out["warm_ms"] = warm
+    elif base_len > input_len:
+        out["scale"] = round(input_len / base_len, 6)
+        if isinstance(cold_ms, (int, float)) and cold_ms > 0:
+            out["cold_ms"] = round(cold_ms * input_len / base_len, 3)
+        out["note"] = (f"{source} was measured with input_len {base_len}: its cold TTFT is scaled to "
+                       f"{input_len} tokens, its warm TTFTs are not compared")
+    else:
+        out["note"] = (f"{source} was measured with input_len {base_len}, shorter than this run's "
+                       f"{input_len}: not compared")
+    return out
+
+
+def _duration(ms: float) -> str:
+    return f"{ms / 1000.0:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
 
 
 def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
@@ -739,24 +802,31 @@ def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
                   f"warm (host) host-cached tokens {got} < {need} required (min_host_cached_fraction "
                   f"{p['min_host_cached_fraction']:g} of input_len {input_len}){hint}")
 
+    compared = None
     if baseline is not None:
-        allowed = 1.0 + float(p.get("max_regression") or 0.0)
-        pairs = [("cold", cold, baseline.get("cold") or {})]
-        base_warm = baseline.get("warm") or {}
+        compared = comparable_baseline(baseline, input_len)
+        regression = float(p.get("max_regression") or 0.0)
+        slack = float(p.get("regression_slack_ms") or 0.0)
+        pairs = [("cold", "cold", cold, compared["cold_ms"])]
         for tier, case in (result.get("warm") or {}).items():
-            pairs.append((f"warm ({tier})", case, base_warm.get(tier) or {}))
-        for label, case, base in pairs:
-            now_ms, base_ms = case.get("median_ttft_ms"), base.get("median_ttft_ms")
-            if not isinstance(now_ms, (int, float)) or not isinstance(base_ms, (int, float)):
+            pairs.append((tier, f"warm ({tier})", case, compared["warm_ms"].get(tier)))
+        scaled = (f" scaled from {compared['input_len']} to {input_len} tokens"
+                  if compared["scale"] != 1.0 else "")
+        for name, label, case, base_ms in pairs:
+            now_ms = case.get("median_ttft_ms")
+            if not isinstance(now_ms, (int, float)) or base_ms is None:
                 continue
-            limit = round(base_ms * allowed, 3)
-            check(f"{label}.max_regression", now_ms <= limit, now_ms, limit,
-                  f"{label} median TTFT {now_ms:.1f} ms is {100.0 * (now_ms / base_ms - 1):.1f}% above the "
-                  f"baseline's {base_ms:.1f} ms (max_regression {p.get('max_regression'):g})")
+            limit = round(base_ms * (1.0 + regression) + slack, 3)
+            check(f"{name}.max_regression", now_ms <= limit, now_ms, limit,
+                  f"{label} TTFT {_duration(now_ms)} is {now_ms / base_ms:.1f}× {compared['source']} "
+                  f"({_duration(base_ms)}{scaled}); the limit is {_duration(limit)} (max_regression "
+                  f"{regression:g}, regression_slack_ms {slack:g})")
 
     reasons = [c["reason"] for c in checks if not c["passed"]]
-    return {"enabled": bool(p.get("gate", True)), "passed": not reasons, "reasons": reasons,
-            "checks": checks}
+    gate = {"enabled": bool(p.get("gate", True)), "passed": not reasons, "reasons": reasons, "checks": checks}
+    if compared is not None:
+        gate["baseline"] = compared
+    return gate
 
 
 def build_report(result: dict, p: dict) -> dict:
@@ -764,7 +834,7 @@ def build_report(result: dict, p: dict) -> dict:
     settings = {k: p.get(k) for k in (
         "url", "input_len", "cold_output_len", "warm_output_len", "seed", "repeats", "temperature",
         "tier", "filler_factor", "max_warm_ttft_s", "max_warm_cold_ratio", "min_cached_fraction",
-        "min_host_cached_fraction", "max_regression", "gate")}
+        "min_host_cached_fraction", "max_regression", "regression_slack_ms", "gate")}
     return {
         "tool": "sglang_cache_probe",
         "backend": "sglang",
@@ -1174,6 +1244,7 @@ ARGUMENT_SPEC = {
     "min_host_cached_fraction": {"type": "float", "default": 0.8},
     "baseline": {"type": "raw"},
     "max_regression": {"type": "float", "default": 0.25},
+    "regression_slack_ms": {"type": "float", "default": 0.0},
     "gate": {"type": "bool", "default": True},
     "report_path": {"type": "path"},
 }
@@ -1189,7 +1260,6 @@ def main() -> None:
             "input_len": p["input_len"], "steps": plan_steps(p)}
     try:
         baseline = load_baseline(p.get("baseline"))
-        check_baseline_matches(baseline, p)
         client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
     except ProbeError as exc:
         module.fail_json(msg=str(exc), plan=plan)

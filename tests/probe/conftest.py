@@ -105,6 +105,30 @@ def run_module(tmp_path: Path, args: dict, check: bool = False, timeout: float =
     return result
 
 
+@pytest.fixture(scope="module")
+def sim_model(tmp_path_factory):
+    from sim_server import write_fixture_model
+
+    return write_fixture_model(tmp_path_factory.mktemp("sim") / "seed-27b")
+
+
+@pytest.fixture
+def start_sim(sim_model, tmp_path):
+    """Start simulators for one test; each is stopped by its PID afterwards, also on failure."""
+    from sim_server import SimServer
+
+    started: list = []
+
+    def start(args: list[str], wait: bool = True, **env: str):
+        server = SimServer(sim_model, args, tmp_path / f"sim-{len(started)}.log", wait=wait, **env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture
 def ansible_run(tmp_path: Path):
     def run(args: dict, check: bool = False) -> dict:

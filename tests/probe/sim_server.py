@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import ModuleType
 
 from probe_fakes import free_port
 from procs import stop_by_pid
@@ -79,3 +80,11 @@ class SimServer:
     def stop(self) -> None:
         stop_by_pid(self.proc)
         self._log.close()
+
+
+def probe_once(probe: ModuleType, p: dict) -> dict:
+    """The probe module's measurement and gate, called as functions (no Ansible)."""
+    client = probe.SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
+    result = probe.run_probe(p, client)
+    result["gate"] = probe.evaluate_gate(result, p, probe.load_baseline(p.get("baseline")))
+    return result

@@ -1,9 +1,12 @@
-"""Filters of the rollout role: turn a probe loop result into the record a host keeps."""
+"""Filters of the rollout role: turn a probe loop result into the record a host keeps, and find
+the baseline an instance's probe is held to."""
 
 from __future__ import annotations
 
 import base64
 import json
+import statistics
+from collections.abc import Mapping
 from typing import Any
 
 # Per-run lists stay in the probe's own report; the record keeps what the gate and people read.
@@ -101,8 +104,95 @@ def rollout_plan_summary(pending: list[str], targets: list[str], unvalidated: li
     return text + "."
 
 
+def _validated_probe(record: Any, instance: str) -> dict[str, Any] | None:
+    """The probe summary a host's validation record keeps for an instance, if it is usable."""
+    if not isinstance(record, Mapping):
+        return None
+    entry = (record.get("instances") or {}).get(instance)
+    probe = entry.get("probe") if isinstance(entry, Mapping) else None
+    if not isinstance(probe, Mapping):
+        return None
+    cold_ms = (probe.get("cold") or {}).get("median_ttft_ms")
+    input_len = probe.get("input_len")
+    if not isinstance(cold_ms, (int, float)) or cold_ms <= 0 or not isinstance(input_len, int):
+        return None
+    if (probe.get("gate") or {}).get("passed") is False:
+        return None
+    return dict(probe)
+
+
+def rollout_fleet_median(records: Mapping[str, Any], instance: str, input_len: int) -> dict[str, Any]:
+    """The median validated figures of an instance over other hosts' records ({host: record}).
+
+    Like with like: only records probed with the same input_len, if any; else those of the shortest
+    longer input_len (the probe module scales their cold TTFT down and leaves their warm figures out).
+    Shorter prompts are never used. {} when no host has a usable record."""
+    probes = {host: p for host, rec in records.items() if (p := _validated_probe(rec, instance))}
+    lengths = sorted({p["input_len"] for p in probes.values() if p["input_len"] >= input_len})
+    if not lengths:
+        return {}
+    length = lengths[0]
+    chosen = {host: p for host, p in sorted(probes.items()) if p["input_len"] == length}
+    tiers = sorted({tier for p in chosen.values() for tier in (p.get("warm") or {})})
+    warm = {}
+    for tier in tiers:
+        values = [((p.get("warm") or {}).get(tier) or {}).get("median_ttft_ms") for p in chosen.values()]
+        values = [v for v in values if isinstance(v, (int, float))]
+        if values:
+            warm[tier] = {"median_ttft_ms": statistics.median(values)}
+    hosts = list(chosen)
+    return {
+        "source": f"the fleet median of {len(hosts)} validated host{'s' if len(hosts) > 1 else ''} "
+                  f"({', '.join(hosts)})",
+        "input_len": length,
+        "hosts": hosts,
+        "cold": {"median_ttft_ms": statistics.median(p["cold"]["median_ttft_ms"] for p in chosen.values())},
+        "warm": warm,
+    }
+
+
+def rollout_gate_baseline(
+    record: Any, hostvars: Mapping[str, Any], hosts: list[str], me: str, instance: str, input_len: Any
+) -> dict[str, Any]:
+    """What an instance's probe is held to: this host's last validated result for it, else the fleet
+    median of the other hosts' records (the `_rollout_gate_fleet_record` each host of this run set
+    when it read its record, updated after it passed). {} when there is none (a first canary)."""
+    own = _validated_probe(record, instance)
+    if own:
+        return {**own, "source": "the last validated result on this host"}
+    records = {}
+    for host in hosts:
+        if host == me:
+            continue
+        try:
+            records[host] = hostvars[host]["_rollout_gate_fleet_record"]
+        except KeyError:  # a host of a later batch: not read yet in this run
+            continue
+    return rollout_fleet_median(records, instance, int(input_len))
+
+
+def rollout_gate_tier(instance: Mapping[str, Any], setting: str = "auto") -> str:
+    """The probe tier of an instance: a fixed setting (device, host, both) applies as given; auto is
+    both (device and HiCache's host tier) when the instance runs HiCache, device when it does not."""
+    if setting != "auto":
+        return setting
+    return "both" if _truthy(instance.get("hicache")) else "device"
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    return bool(value)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"rollout_gate_summary": rollout_gate_summary, "rollout_gate_reasons": rollout_gate_reasons,
-                "rollout_record": rollout_record, "rollout_order": rollout_order,
-                "rollout_plan_summary": rollout_plan_summary}
+        return {
+            "rollout_gate_summary": rollout_gate_summary,
+            "rollout_gate_reasons": rollout_gate_reasons,
+            "rollout_gate_baseline": rollout_gate_baseline,
+            "rollout_gate_tier": rollout_gate_tier,
+            "rollout_record": rollout_record,
+            "rollout_order": rollout_order,
+            "rollout_plan_summary": rollout_plan_summary,
+        }
