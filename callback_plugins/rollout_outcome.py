@@ -54,7 +54,7 @@ class CallbackModule(CallbackBase):
             self._run_dir = str(facts["rollout_run_dir"])
 
     def v2_runner_item_on_ok(self, result) -> None:
-        if result._task.get_name() == _UNLOCK_TASK and not result._result.get("skipped"):
+        if result._task.name == _UNLOCK_TASK and not result._result.get("skipped"):
             self._released.add(str((result._result.get("item") or {}).get("item")))
 
     def v2_runner_on_unreachable(self, result) -> None:
