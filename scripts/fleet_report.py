@@ -3,7 +3,9 @@
 Markdown and a PNG bar chart of TTFT ("shorter is better").
 
     fleet_report.py rollout RUN_DIR     reads RUN_DIR/hosts/*.json (one record per host, written by
-                                        playbooks/rollout.yml), writes RUN_DIR/rollout.{json,md,png}
+                                        playbooks/rollout.yml), RUN_DIR/run.json and, once the run
+                                        ended, RUN_DIR/outcome.json (callback_plugins/
+                                        rollout_outcome.py); writes RUN_DIR/rollout.{json,md,png}
     fleet_report.py ab RECORD_JSON      reads the A/B record (playbooks/ab_benchmark.yml), writes
                                         .md and .png beside it
 
@@ -72,11 +74,12 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: list[str] | None = None) -> str:
     lines = [
         f"# hicache-fleet rollout {run.get('run_id', '')}",
         "",
-        f"Inventory: `{run.get('inventory', '?')}` · hosts reported: {len(rows)} · "
+        f"Inventory: `{run.get('inventory', '?')}` · hosts reported: "
+        f"{sum(row['verdict'] not in ('not reached', 'unreachable') for row in rows)} · "
         f"verdict: **{run.get('verdict', '?')}**",
         "",
         *([f"> {run['note']}", ""] if run.get("note") else []),
@@ -108,6 +111,8 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if moves:
         lines += ["", "## Router rotation", ""]
         lines += [f"- **{row['host']}**: " + "; ".join(row["router"]) for row in moves]
+    if locks:
+        lines += ["", "## Run lock", "", *locks]
     return "\n".join(lines) + "\n"
 
 
@@ -151,21 +156,93 @@ def ttft_chart(
     plt.close(fig)
 
 
+def _ended_early(host: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The record of a host that wrote none: it failed or was unreachable before reporting."""
+    verdict = "unreachable" if state.get("unreachable") else "failed"
+    task = state.get("task") or "?"
+    detail = state.get("msg") or "no detail"
+    return {"host": host, "verdict": verdict, "probe": {}, "reasons": [f"{verdict} at task '{task}': {detail}"]}
+
+
+def rollout_outcome(
+    run: dict[str, Any], records: list[dict[str, Any]], outcome: dict[str, Any] | None
+) -> tuple[str, list[dict[str, Any]], list[str]]:
+    """The run's verdict, the records of hosts that wrote none (failed or unreachable before their
+    report), and the hosts the run never reached. Without an outcome (the run has not ended, or
+    ended without the callback), hosts still missing are "not reached yet" and the run in progress."""
+    states = (outcome or {}).get("hosts") or {}
+    reported = {r.get("host") for r in records}
+    missing = [h for h in run.get("hosts") or [] if h not in reported]
+    ended = [
+        _ended_early(h, states[h])
+        for h in missing
+        if states.get(h, {}).get("unreachable") or states.get(h, {}).get("failed")
+    ]
+    not_reached = [h for h in missing if h not in {r["host"] for r in ended}]
+    # A host that reported and then was lost (e.g. unreachable after its gate) says so too.
+    for record in records:
+        state = states.get(record.get("host")) or {}
+        if state.get("unreachable") and record.get("verdict") not in ("rolled back", "failed"):
+            record.setdefault("reasons", []).append(
+                f"unreachable afterwards, at task '{state.get('task') or '?'}': {state.get('msg') or 'no detail'}"
+            )
+    what = {"rolled back": "failed and was rolled back", "failed": "failed", "unreachable": "was unreachable"}
+    stops = [
+        f"{r['host']} {what[r['verdict']]}"
+        for r in sorted([*records, *ended], key=lambda r: r.get("order", 0))
+        if r.get("verdict") in what
+    ]
+    stops += [
+        f"{r['host']} was unreachable"
+        for r in records
+        if (states.get(r.get("host")) or {}).get("unreachable") and r.get("verdict") not in what
+    ]
+    if run.get("check_mode") in (True, "True", "true"):
+        verdict = "check mode: nothing was restarted, probed or validated"
+    elif stops or (outcome is not None and not_reached):
+        verdict = "halted: " + "; ".join(stops or ["the run ended early"])
+        if not_reached:
+            verdict += "; not reached: " + ", ".join(not_reached)
+    elif not_reached:
+        verdict = "in progress: not reached yet: " + ", ".join(not_reached)
+    elif records:
+        verdict = "every host passed or was already validated"
+    else:
+        verdict = "no host reported"
+    return verdict, ended, not_reached
+
+
+def lock_lines(run: dict[str, Any], outcome: dict[str, Any] | None) -> list[str]:
+    """What the run lock did: stale locks taken over, locks the run could not release."""
+    lines = [f"- taken over: {warning}" for warning in run.get("lock_warnings") or []]
+    locks = (outcome or {}).get("locks") or {}
+    if locks.get("left"):
+        lines.append(
+            "- not released (still this run's lock): " + ", ".join(locks["left"]) + ". The next run from "
+            f"{(run.get('lock') or {}).get('controller', 'this controller')} takes them over (this run's pid "
+            "is gone); from another controller, add `-e rollout_lock_break=true`."
+        )
+    return lines
+
+
 def cmd_rollout(run_dir: Path) -> int:
     records = load_host_records(run_dir)
     meta_path = run_dir / "run.json"
     run = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    rows = [host_row(r) for r in records]
-    if run.get("check_mode") in (True, "True", "true"):
-        run["verdict"] = "check mode: nothing was restarted, probed or validated"
-    elif any(row["verdict"] in ("failed", "rolled back") for row in rows):
-        run["verdict"] = "stopped: a host failed its gate and was rolled back"
-    elif rows:
-        run["verdict"] = "every host passed or was already validated"
-    else:
-        run["verdict"] = "no host reported"
-    (run_dir / "rollout.json").write_text(json.dumps({"run": run, "hosts": records}, indent=2) + "\n")
-    (run_dir / "rollout.md").write_text(rollout_markdown(run, rows))
+    outcome_path = run_dir / "outcome.json"
+    outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else None
+    run["verdict"], ended, not_reached = rollout_outcome(run, records, outcome)
+    run["not_reached"] = not_reached
+    order = {host: index for index, host in enumerate(run.get("hosts") or [])}
+    table = sorted(
+        [*records, *ended, *({"host": h, "verdict": "not reached", "probe": {}} for h in not_reached)],
+        key=lambda r: order.get(r.get("host"), r.get("order", 0)),
+    )
+    rows = [host_row(r) for r in table]
+    (run_dir / "rollout.json").write_text(
+        json.dumps({"run": run, "hosts": records, "unreported": ended, "outcome": outcome}, indent=2) + "\n"
+    )
+    (run_dir / "rollout.md").write_text(rollout_markdown(run, rows, lock_lines(run, outcome)))
     probed = [row for row in rows if row["cold_ttft_ms"] is not None]
     if probed:
         ttft_chart(

@@ -55,7 +55,7 @@ def test_rollout_report_names_each_host_and_the_violated_threshold(tmp_path):
     assert "| demo-1 | passed | 192.00 s | 2.65 s (host) |" in md
     assert "72.5×" in md
     assert "**demo-2**: host-tier cached fraction 0.000 < min_host_cached_fraction 0.9" in md
-    assert "stopped: a host failed its gate" in md
+    assert "halted: demo-2 failed and was rolled back" in md
     report = json.loads((tmp_path / "rollout.json").read_text())
     assert [h["host"] for h in report["hosts"]] == ["demo-1", "demo-2"]
     assert (tmp_path / "ttft.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -118,3 +118,53 @@ def test_router_moves_are_listed_per_host(tmp_path):
     section = md.split("## Router rotation", 1)[1]
     assert "- **demo-2**: left http://10.0.0.2:30000; joined http://10.0.0.2:30000" in section
     assert "demo-1" not in section
+
+
+def three_host_run(tmp_path: Path, outcome: dict | None) -> tuple[str, dict]:
+    """demo-1 passed; demo-2 wrote no record; demo-3 never started. Returns rollout.md, .json."""
+    write_run(tmp_path, [{"host": "demo-1", "verdict": "passed", "config_hash": "a" * 64, "probe": probe(1900, 20)}])
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r3", "hosts": ["demo-1", "demo-2", "demo-3"]}))
+    if outcome is not None:
+        (tmp_path / "outcome.json").write_text(json.dumps(outcome))
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    return (tmp_path / "rollout.md").read_text(), json.loads((tmp_path / "rollout.json").read_text())
+
+
+def test_unreachable_host_halts_and_the_report_names_it_and_those_not_reached(tmp_path):
+    lost = {"unreachable": True, "task": "Gate | probe cold/warm TTFT", "msg": "ssh: Connection closed"}
+    outcome = {
+        "hosts": {"demo-1": {"unreachable": False, "failed": False}, "demo-2": lost, "demo-3": {}},
+        "locks": {"left": ["demo-1", "demo-2 (unreachable)", "demo-3"]},
+    }
+    md, report = three_host_run(tmp_path, outcome)
+    assert "verdict: **halted: demo-2 was unreachable; not reached: demo-3**" in md
+    assert "every host passed" not in md
+    assert "| demo-2 | unreachable |" in md
+    assert "| demo-3 | not reached |" in md
+    assert "**demo-2**: unreachable at task 'Gate | probe cold/warm TTFT': ssh: Connection closed" in md
+    assert "hosts reported: 1 ·" in md
+    assert "not released (still this run's lock): demo-1, demo-2 (unreachable), demo-3" in md.split("## Run lock")[1]
+    assert report["run"]["not_reached"] == ["demo-3"]
+    assert [h["host"] for h in report["hosts"]] == ["demo-1"]
+    assert [h["host"] for h in report["unreported"]] == ["demo-2"]
+
+
+def test_run_still_going_claims_no_pass(tmp_path):
+    md, _ = three_host_run(tmp_path, None)
+    assert "verdict: **in progress: not reached yet: demo-2, demo-3**" in md
+
+
+def test_run_ended_early_without_a_failure_is_halted(tmp_path):
+    md, _ = three_host_run(tmp_path, {"hosts": {}})
+    assert "verdict: **halted: the run ended early; not reached: demo-2, demo-3**" in md
+
+
+def test_every_host_reported_passes_and_a_taken_over_lock_is_reported(tmp_path):
+    write_run(tmp_path, [{"host": "demo-1", "verdict": "passed", "probe": probe(1900, 20)}])
+    stale = "controller (/r/rollout.lock): taking over a stale lock: run r0 of root@ctl (pid 7)"
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r4", "hosts": ["demo-1"], "lock_warnings": [stale]}))
+    (tmp_path / "outcome.json").write_text(json.dumps({"hosts": {"demo-1": {}}, "locks": {"left": []}}))
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    md = (tmp_path / "rollout.md").read_text()
+    assert "verdict: **every host passed or was already validated**" in md
+    assert f"- taken over: {stale}" in md.split("## Run lock")[1]

@@ -6,6 +6,8 @@
 #   hosts.sh base                      build the cached base rootfs once (debootstrap, ~1 min)
 #   hosts.sh up NAME ADDRESS [PORT]    copy the base, set sshd to ADDRESS:PORT, boot, wait for SSH
 #   hosts.sh down NAME                 stop the guest by PID and remove its copy (safe to repeat)
+#   hosts.sh stop NAME                 stop the guest by PID, keep its copy (a host gone unreachable)
+#   hosts.sh start NAME                boot a stopped guest's kept copy again, wait for SSH
 #   hosts.sh list                      guests this checkout has running
 #   hosts.sh destroy-all               `down` for every guest this checkout knows of
 #   hosts.sh key                       print the path of the SSH private key the hosts accept
@@ -122,8 +124,17 @@ EOF
   install -m 0600 "$key.pub" "$root/root/.ssh/authorized_keys"
   chmod 0700 "$root/root/.ssh"
   echo "$address" >"$dir/address"
+  echo "$port" >"$dir/port"
+  boot "$name"
+}
+
+# Boot the guest's copy (hosts/NAME/root) and wait until systemd runs and SSH answers.
+boot() {
+  local name=$1 dir="$hosts/$1" address port
+  address=$(cat "$dir/address")
+  port=$(cat "$dir/port" 2>/dev/null || echo 22)
   # Detached boot; nspawn's own PID is recorded so that `down` can stop exactly this guest.
-  setsid systemd-nspawn -b -D "$root" -M "$name" --register=no --keep-unit --console=passive \
+  setsid systemd-nspawn -b -D "$dir/root" -M "$name" --register=no --keep-unit --console=passive \
     >"$dir/console.log" 2>&1 </dev/null &
   echo $! >"$dir/nspawn.pid"
   log "booting $name on $address (nspawn pid $!)"
@@ -147,6 +158,25 @@ EOF
   tail -n 20 "$dir/console.log" >&2
   cmd_down "$name"
   die "$name did not come up within ${boot_timeout}s (last state: ${state:-unknown})"
+}
+
+# Stop the guest by PID and keep its copy: to the controller it is a host that went away.
+cmd_stop() {
+  local name=${1:?usage: hosts.sh stop NAME} pid
+  pid=$(pid_of "$name")
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then stop_pid "$pid" "$name"; fi
+}
+
+# Boot a stopped guest again from its kept copy (what it had installed is still there).
+cmd_start() {
+  local name=${1:?usage: hosts.sh start NAME}
+  [ -d "$hosts/$name/root" ] || die "$name has no kept copy; use: hosts.sh up NAME ADDRESS"
+  need systemd-nspawn
+  if alive "$name"; then
+    log "$name already running (pid $(pid_of "$name"))"
+    return
+  fi
+  boot "$name"
 }
 
 # SIGTERM a process by its PID, SIGKILL it if it is still there after 15 s. Usage: stop_pid PID LABEL
@@ -208,9 +238,11 @@ case ${1:-} in
   base) cmd_base ;;
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
+  stop) shift; cmd_stop "$@" ;;
+  start) shift; cmd_start "$@" ;;
   stop-pid) shift; cmd_stop_pid "$@" ;;
   list) cmd_list ;;
   destroy-all) cmd_destroy_all ;;
   key) ensure_key; echo "$key" ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
 esac
