@@ -114,7 +114,8 @@ def rocm_activation_plan(wanted: dict[str, str | None], installed: dict[str, str
     ]
 
 
-def rocm_unavailable(wanted: dict[str, str | None], installed: dict[str, str], offered: dict[str, list[str]]) -> list[str]:
+def rocm_unavailable(wanted: dict[str, str | None], installed: dict[str, str],
+                     offered: dict[str, list[str]]) -> list[str]:
     """Packages whose wanted version apt cannot install: neither installed at it nor in the archive."""
     missing = []
     for name, version in sorted(wanted.items()):
