@@ -2,6 +2,8 @@
 (rocminfo answers with its own no-GPU error), the GPU groups exist, the service user was created
 as a system user in them, and a user that existed before kept its shell and home."""
 
+import hashlib
+import json
 import os
 
 import pytest
@@ -64,3 +66,15 @@ def test_existing_user_kept_its_account(host):
     assert user.shell == "/bin/bash"
     assert user.home == "/home/ops"
     assert user.uid >= 1000
+
+
+def test_activated_release_is_recorded_and_installed(host):
+    # The side effect ends with the desired release (rocminfo, rocm-smi, librocm-smi-dev) activated.
+    record = json.loads(host.file("/var/lib/hicache-fleet/rocm-release.json").content_string)
+    release = record["release"]
+    assert release == {"source": "distro", "packages": {"rocminfo": None, "rocm-smi": None, "librocm-smi-dev": None}}
+    # The id is the documented one: sha256 of the release's canonical JSON, 12 hex digits.
+    canonical = json.dumps(release, sort_keys=True, separators=(",", ":"))
+    assert record["id"] == hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    assert host.package("librocm-smi-dev").is_installed
+    assert host.file("/usr/include/rocm_smi/rocm_smi.h").exists
