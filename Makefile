@@ -33,10 +33,12 @@ syntax: setup ## ansible-playbook --syntax-check on every playbook
 pytest: setup ## the pytest suite (unit and integration tests)
 	$(BIN)/pytest
 
-molecule: setup ## every molecule scenario on real systemd test hosts
-	@for s in $(SCENARIOS); do echo "== molecule scenario $$s"; $(BIN)/molecule test -s $$s || exit 1; done
+molecule: setup ## every molecule scenario on real systemd test hosts (two lanes side by side)
+	./scripts/molecule-lanes.sh $(SCENARIOS)
 
-test: lint syntax pytest molecule ## everything CI runs
+test: ## everything CI runs (each stage timed)
+	@for t in lint syntax pytest molecule; do start=$$(date +%s); $(MAKE) --no-print-directory $$t || exit 1; \
+	  echo "make test: $$t took $$(( $$(date +%s) - start )) s"; done
 	@echo "make test: all checks passed"
 
 demo: setup ## boot the demo fleet and roll hicache-fleet out on it
