@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from plugins import load
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(path, name)
 
 
 AB = _load("ab_benchmark_filters", ROOT / "playbooks" / "filter_plugins" / "ab_benchmark.py")

@@ -1,13 +1,12 @@
 """The rollout report and the A/B table say what the probe measured, host by host."""
 
-import importlib.util
 import json
 from pathlib import Path
 
+from plugins import load
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("fleet_report", ROOT / "scripts" / "fleet_report.py")
-fleet_report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fleet_report)
+fleet_report = load("scripts/fleet_report.py", "fleet_report")
 
 
 def probe(cold_ms: float, warm_ms: float, reasons: list[str] | None = None) -> dict:

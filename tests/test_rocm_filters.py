@@ -3,20 +3,17 @@ reading dpkg-query and apt-cache madison output, and what an activation changes 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from plugins import load
 
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "rocm"
 
 
 @pytest.fixture(scope="module")
 def f():
-    spec = importlib.util.spec_from_file_location("rocm_filters", ROLE / "filter_plugins" / "rocm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(ROLE / "filter_plugins" / "rocm.py")
 
 
 def test_package_specs(f):

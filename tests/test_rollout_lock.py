@@ -3,16 +3,15 @@ second one naming the holder; a dead pid on this controller is taken over with a
 from elsewhere is refused with the command that breaks it."""
 
 import base64
-import importlib.util
 import json
 import socket
 import subprocess
 from pathlib import Path
 
+from plugins import load
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("rollout_lock", ROOT / "roles/rollout/filter_plugins/rollout_lock.py")
-lock = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(lock)
+lock = load("roles/rollout/filter_plugins/rollout_lock.py")
 
 NOW = 1_800_000_000.0
 

@@ -5,18 +5,14 @@ what prune may remove."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location("models_filters", ROOT / "roles/models/filter_plugins/models.py")
-assert _SPEC
-assert _SPEC.loader
-F = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(F)
+F = load("roles/models/filter_plugins/models.py")
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

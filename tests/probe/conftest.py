@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from plugins import load
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_PATH = REPO / "library" / "sglang_cache_probe.py"
@@ -19,12 +19,7 @@ VENV_BIN = REPO / ".venv" / "bin"
 
 
 def load_probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sglang_cache_probe", MODULE_PATH)
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(MODULE_PATH, "sglang_cache_probe")
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,11 @@ takes ≈ 0.48 s, and the role's own defaults (max_regression, regression_slack_
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
+from plugins import load
 from sim_server import HICACHE_ARGS, SEED_ARGS, SimServer, probe_once, sim_available
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "rollout"
@@ -21,12 +21,7 @@ needs_sim = pytest.mark.skipif(not sim_available(), reason="the simulator (sim/s
 
 
 def _load_filters():
-    spec = importlib.util.spec_from_file_location("rollout_filters", ROLE / "filter_plugins" / "rollout.py")
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(ROLE / "filter_plugins" / "rollout.py")
 
 
 filters = _load_filters()

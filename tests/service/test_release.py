@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
+
+from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _filters():
-    path = ROOT / "roles" / "sglang_service" / "filter_plugins" / "sglang_service.py"
-    spec = importlib.util.spec_from_file_location("sglang_service_filters_release", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("roles/sglang_service/filter_plugins/sglang_service.py")
 
 
 def _sum(text: str) -> dict:

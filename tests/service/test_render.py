@@ -12,7 +12,6 @@ which templates the unit and env file), then its ExecStart is split with systemd
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "sglang_service"
@@ -308,12 +308,7 @@ def test_models_under_home_make_home_read_only(rendered):
 
 # --- the role's filters as plain functions -------------------------------------------------------
 def _filters():
-    spec = importlib.util.spec_from_file_location(
-        "sglang_service_filters", ROLE / "filter_plugins" / "sglang_service.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(ROLE / "filter_plugins" / "sglang_service.py")
 
 
 def test_argv_switches_lists_and_dropped_flags():

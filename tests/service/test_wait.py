@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,16 +18,14 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "sglang_service"
 
 
 def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(path, name)
 
 
 filters = _load("sglang_service_filters", ROLE / "filter_plugins" / "sglang_service.py")

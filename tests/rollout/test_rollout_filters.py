@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _filters():
-    path = ROOT / "roles" / "rollout" / "filter_plugins" / "rollout.py"
-    spec = importlib.util.spec_from_file_location("rollout_filters", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("roles/rollout/filter_plugins/rollout.py")
 
 
 INVENTORY = ["a3", "a1", "a2", "c1"]  # groups['sglang_hosts']: inventory order
