@@ -34,7 +34,7 @@ syntax: setup ## ansible-playbook --syntax-check on every playbook
 pytest: setup ## the pytest suite (unit and integration tests)
 	$(BIN)/pytest
 
-molecule: setup ## every molecule scenario on real systemd test hosts (two lanes side by side)
+molecule: setup ## every molecule scenario on real systemd test hosts (MOLECULE_LANES=2 lanes, longest first)
 	./scripts/molecule-lanes.sh $(SCENARIOS)
 
 test: ## everything CI runs (each stage timed)
@@ -51,6 +51,6 @@ demo-down: ## stop the demo fleet's test hosts and remove their copies
 bench: setup ## benchmarks that print figures (not tests)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
-clean: ## remove test hosts' copies and caches (keeps .venv)
+clean: ## remove test hosts' copies, host images and caches (keeps .venv)
 	./molecule/resources/hosts.sh destroy-all || true
-	rm -rf .cache/hosts .cache/facts
+	rm -rf .cache/hosts .cache/images .cache/facts

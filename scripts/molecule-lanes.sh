@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# `make molecule`: every molecule scenario, in two lanes that run side by side (the scenarios are
-# independent: each has its own test hosts, addresses and state). What the scenarios share on the
-# controller (the base rootfs, the SSH key, the wheelhouse and fixture models, the router's venv) is
-# built first, once, so the lanes never build it at the same time. Each scenario's output goes to
-# .cache/logs/molecule-<scenario>.log; a failed scenario's log tail is printed, and its lane stops.
-#   molecule-lanes.sh SCENARIO...     (default lane split: rollout alone, everything else in turn)
+# `make molecule`: every molecule scenario given, run by MOLECULE_LANES workers side by side (default
+# 2, one per core here; the scenarios are independent: each has its own test hosts, addresses and
+# state). What the scenarios share on the controller (the base rootfs, the SSH key, the wheelhouse
+# and fixture models, the router's venv) is built first, once, so that no two lanes build it at the
+# same time. The host image `sglang-venv` (the demo fleet's venv release installed by the
+# sglang_venv role: molecule/resources/hosts.sh image) is built beside the first scenarios; a
+# scenario whose platforms start from it (`image: sglang-venv` in its molecule.yml) waits for it.
+# Scenarios are taken longest first (the last run's times in .cache/logs/scenario-times, else the
+# table below), each by the first free lane. After a failure no lane starts another scenario.
+# Each scenario's output goes to .cache/logs/molecule-<scenario>.log, each line stamped with the
+# seconds since its start; the summary gives each scenario's time and its molecule steps' times,
+# and a failed scenario's log tail.
+#   molecule-lanes.sh SCENARIO...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/.venv/bin"
@@ -12,8 +19,21 @@ export PATH="$bin:$PATH" ANSIBLE_CONFIG="$PWD/ansible.cfg"
 cache="${HICACHE_FLEET_CACHE:-$PWD/.cache}"
 logs="$cache/logs"
 mkdir -p "$logs"
+lanes=${MOLECULE_LANES:-2}
 scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
+[[ $lanes =~ ^[1-9]$ ]] || { echo "MOLECULE_LANES must be 1-9, not '$lanes'" >&2; exit 2; }
+
+# Seconds each scenario took in a whole run (2 cores shared with other runs; with the host image).
+# Used only to start the longest first when this checkout has no times of its own yet.
+declare -A expected=(
+  [rollout]=1500 [sglang_service]=1200 [ab_benchmark]=800 [sglang_venv]=340 [rocm]=230
+  [models]=160 [preflight]=80 [rocm_amd]=70
+)
+times_file="$logs/scenario-times"
+if [ -f "$times_file" ]; then
+  while read -r s secs; do [[ $secs =~ ^[0-9]+$ ]] && expected[$s]=$secs; done <"$times_file"
+fi
 
 stamp() { date +%s; }
 t0=$(stamp)
@@ -26,40 +46,105 @@ if [ ! -x "$cache/sglang-router-venv/bin/python" ]; then
 fi
 echo "   ready after $(( $(stamp) - t0 )) s"
 
-lane_a=() lane_b=()
-for s in "${scenarios[@]}"; do
-  if [ "$s" = rollout ]; then lane_a+=("$s"); else lane_b+=("$s"); fi
-done
+# The queue: scenarios longest first (unknown ones count as long: they are new and not yet measured).
+queue="$logs/lanes.queue"
+for s in "${scenarios[@]}"; do echo "${expected[$s]:-900} $s"; done | sort -rn | cut -d' ' -f2 >"$queue"
+: >"$logs/lanes.status"
+rm -f "$logs/lanes.failed" "$logs/image.done" "$logs/image.failed"
 
-run_lane() {  # name scenario...
-  local lane=$1; shift
-  local s start rc
-  for s in "$@"; do
-    start=$(stamp)
-    molecule test -s "$s" >"$logs/molecule-$s.log" 2>&1
-    rc=$?
-    echo "$s $rc $(( $(stamp) - start ))" >>"$logs/lanes.status"
-    echo "== lane $lane: molecule scenario $s: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $(( $(stamp) - start )) s"
-    [ $rc -eq 0 ] || return 1
+needs_image() { grep -q '^ *image: sglang-venv *$' "molecule/$1/molecule.yml" 2>/dev/null; }
+
+# The host image, beside the first scenarios (only when a queued scenario uses it).
+image_pid=""
+for s in "${scenarios[@]}"; do
+  if needs_image "$s"; then
+    (
+      start=$(stamp)
+      if ./molecule/resources/hosts.sh image sglang-venv >"$logs/image.log" 2>&1; then
+        echo "== host image sglang-venv ready in $(( $(stamp) - start )) s"; touch "$logs/image.done"
+      else
+        echo "== host image sglang-venv FAILED (its scenarios boot from the base and install the venv):"
+        tail -n 20 "$logs/image.log"; touch "$logs/image.failed"
+      fi
+    ) &
+    image_pid=$!
+    break
+  fi
+done
+image_settled() { [ -z "$image_pid" ] || [ -e "$logs/image.done" ] || [ -e "$logs/image.failed" ]; }
+
+# Take the next scenario a lane can start now: the first in the queue, or while the image is being
+# built the first that does not need it; wait while only image scenarios are left. Empty: none left.
+take() {
+  local s pick=""
+  while :; do
+    exec 9>"$queue.lock"
+    flock 9
+    if [ ! -s "$queue" ] || [ -e "$logs/lanes.failed" ]; then flock -u 9; return 0; fi
+    while read -r s; do
+      if image_settled || ! needs_image "$s"; then pick=$s; break; fi
+    done <"$queue"
+    if [ -n "$pick" ]; then
+      grep -vx -- "$pick" "$queue" >"$queue.new" || true
+      mv "$queue.new" "$queue"
+      flock -u 9
+      echo "$pick"
+      return 0
+    fi
+    flock -u 9
+    sleep 2
   done
 }
 
-: >"$logs/lanes.status"
+# Each line of the scenario's log stamped with its second since the scenario's start (no fork).
+stamp_lines() {
+  local start=$1 now line
+  while IFS= read -r line; do
+    printf -v now '%(%s)T' -1
+    printf '%5d %s\n' $((now - start)) "$line"
+  done
+}
+
+run_lane() {  # lane name
+  local lane=$1 s start rc
+  while :; do
+    s=$(take)
+    [ -n "$s" ] || return 0
+    start=$(stamp)
+    echo "== lane $lane: molecule scenario $s started ($(cut -d' ' -f1 /proc/loadavg) load)"
+    molecule test -s "$s" 2>&1 | stamp_lines "$start" >"$logs/molecule-$s.log"
+    rc=${PIPESTATUS[0]}
+    echo "$s $rc $(( $(stamp) - start ))" >>"$logs/lanes.status"
+    echo "== lane $lane: molecule scenario $s: $([ "$rc" -eq 0 ] && echo passed || echo FAILED) in $(( $(stamp) - start )) s"
+    [ "$rc" -eq 0 ] || { touch "$logs/lanes.failed"; return 1; }
+  done
+}
+
 pids=()
-if [ ${#lane_a[@]} -gt 0 ]; then run_lane A "${lane_a[@]}" & pids+=($!); fi
-if [ ${#lane_b[@]} -gt 0 ]; then run_lane B "${lane_b[@]}" & pids+=($!); fi
+for ((i = 1; i <= lanes; i++)); do run_lane "$i" & pids+=($!); done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+[ -z "$image_pid" ] || wait "$image_pid"
 
-echo "== molecule: $(( $(stamp) - t0 )) s in all"
+# molecule's steps in a scenario's stamped log: "<secs> ... ➜ step: Executing" starts one.
+step_times() {
+  sed -E 's/\x1b\[[0-9;]*m//g' "$1" | awk '
+    / ➜ [a-z_]+: Executing$/ { split($0, a, " ➜ "); sub(/:.*/, "", a[2]); if (step != "") out = out sprintf(" %s %ds", step, $1 - t); step = a[2]; t = $1 }
+    { last = $1 }
+    END { if (step != "") out = out sprintf(" %s %ds", step, last - t); print out }'
+}
+
+echo "== molecule: $(( $(stamp) - t0 )) s in all, $lanes lanes (load now $(cut -d' ' -f1-3 /proc/loadavg))"
 while read -r s rc secs; do
-  printf '   %-14s %-7s %5s s\n' "$s" "$([ "$rc" -eq 0 ] && echo passed || echo FAILED)" "$secs"
-  if [ "$rc" -ne 0 ]; then
+  printf '   %-14s %-7s %5s s  steps:%s\n' "$s" "$([ "$rc" -eq 0 ] && echo passed || echo FAILED)" "$secs" "$(step_times "$logs/molecule-$s.log")"
+  if [ "$rc" -eq 0 ]; then
+    { grep -v "^$s " "$times_file" 2>/dev/null || true; echo "$s $secs"; } >"$times_file.new" && mv "$times_file.new" "$times_file"
+  else
     echo "---- last 60 lines of $logs/molecule-$s.log"
     tail -n 60 "$logs/molecule-$s.log"
   fi
 done <"$logs/lanes.status"
 for s in "${scenarios[@]}"; do
-  grep -q "^$s " "$logs/lanes.status" || { echo "   $s not run (its lane stopped earlier)"; status=1; }
+  grep -q "^$s " "$logs/lanes.status" || { echo "   $s not run (a scenario failed before)"; status=1; }
 done
 exit $status

@@ -31,6 +31,20 @@ def test_refuses_a_bad_host_name(tmp_path):
     assert "lowercase letters, digits and dashes" in result.stderr
 
 
+def test_refuses_a_bad_image_name(tmp_path):
+    result = run("up", "demo-x", "127.0.99.1", "22", "../base", cache=tmp_path)
+    assert result.returncode != 0
+    assert "image name '../base' must be lowercase letters" in result.stderr
+    assert not (tmp_path / "hosts").exists(), "nothing may be created for a refused host"
+
+
+def test_refuses_an_unknown_image(tmp_path):
+    result = run("image", "no-such-image", cache=tmp_path)
+    assert result.returncode != 0
+    assert "unknown host image 'no-such-image' (known: sglang-venv)" in result.stderr
+    assert not (tmp_path / "images").exists()
+
+
 def test_down_of_an_unknown_host_is_a_no_op(tmp_path):
     result = run("down", "never-booted", cache=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -4,7 +4,12 @@
 # SSH on its own loopback address (127.0.0.0/8) because the guests share this machine's network.
 #
 #   hosts.sh base                      build the cached base rootfs once (debootstrap, ~1 min)
-#   hosts.sh up NAME ADDRESS [PORT]    copy the base, set sshd to ADDRESS:PORT, boot, wait for SSH
+#   hosts.sh up NAME ADDRESS [PORT] [IMAGE]
+#                                      copy the base (or host image IMAGE, once built), set sshd to
+#                                      ADDRESS:PORT, boot, wait for SSH
+#   hosts.sh image sglang-venv         build host image IMAGE when what goes into it changed: the base
+#                                      plus the demo fleet's SGLang venv release, installed by
+#                                      playbooks/venv.yml (the sglang_venv role), `current` unset
 #   hosts.sh down NAME                 stop the guest by PID and remove its copy (safe to repeat)
 #   hosts.sh stop NAME                 stop the guest by PID, keep its copy (a host gone unreachable)
 #   hosts.sh start NAME                boot a stopped guest's kept copy again, wait for SSH
@@ -13,8 +18,8 @@
 #   hosts.sh key                       print the path of the SSH private key the hosts accept
 #   hosts.sh stop-pid FILE             stop a controller process a scenario recorded as "PID WORD"
 #
-# State lives under $HICACHE_FLEET_CACHE (default: <checkout>/.cache): rootfs/<suite>, hosts/NAME
-# (root/, nspawn.pid, console.log), ssh/id_ed25519.
+# State lives under $HICACHE_FLEET_CACHE (default: <checkout>/.cache): rootfs/<suite>, images/IMAGE,
+# hosts/NAME (root/, nspawn.pid, console.log), ssh/id_ed25519.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,6 +27,11 @@ cache=${HICACHE_FLEET_CACHE:-$(cd "$here/../.." && pwd)/.cache}
 suite=${HICACHE_FLEET_SUITE:-bookworm}
 base="$cache/rootfs/$suite"
 hosts="$cache/hosts"
+images="$cache/images"
+checkout=$(cd "$here/../.." && pwd)
+# The host that builds an image, on an address of its own (127.0.23.0/24: the CI tooling's block).
+image_builder=hicache-image
+image_builder_address=${HICACHE_FLEET_IMAGE_ADDRESS:-127.0.23.1}
 key="$cache/ssh/id_ed25519"
 boot_timeout=${HICACHE_FLEET_BOOT_TIMEOUT:-90}
 # python3-apt: Ansible's apt module needs it for an honest --check (Ubuntu servers ship it).
@@ -87,10 +97,11 @@ leader() {
 }
 
 cmd_up() {
-  local name=${1:?usage: hosts.sh up NAME ADDRESS [PORT]} address=${2:?usage: hosts.sh up NAME ADDRESS [PORT]}
-  local port=${3:-22}
+  local name=${1:?usage: hosts.sh up NAME ADDRESS [PORT] [IMAGE]} address=${2:?usage: hosts.sh up NAME ADDRESS [PORT] [IMAGE]}
+  local port=${3:-22} image=${4:-}
   [[ $name =~ ^[a-z0-9][a-z0-9-]{0,30}$ ]] || die "host name '$name' must be lowercase letters, digits and dashes"
   [[ $address =~ ^127\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "address '$address' must be in 127.0.0.0/8 (test traffic stays on loopback)"
+  [[ -z $image || $image =~ ^[a-z0-9][a-z0-9-]{0,30}$ ]] || die "image name '$image' must be lowercase letters, digits and dashes"
   need systemd-nspawn ssh-keygen
   cmd_base
   ensure_key
@@ -102,9 +113,27 @@ cmd_up() {
   if ss -ltnH "src $address:$port" | grep -q .; then
     die "$address:$port is already taken by another process; choose another address for $name"
   fi
-  rm -rf "$dir"
+  local from=$base
+  if [ -n "$image" ]; then
+    # An image is used only while it was made from the current base; without it the host boots
+    # from the base and the scenario installs what the image would have held (slower, same result).
+    if [ "$(cat "$images/$image/.hicache-fleet-base" 2>/dev/null)" = "$base_packages" ] &&
+      [ -f "$images/$image/.hicache-fleet-image" ]; then
+      from="$images/$image"
+    else
+      log "host image $image not built (hosts.sh image $image): $name boots from the base rootfs"
+    fi
+  fi
+  cmd_down "$name"
   mkdir -p "$dir"
-  cp -a "$base" "$dir/root"
+  if overlay_ok; then
+    # The host's root is an overlay: the base (or image) read-only below, the host's own changes
+    # in hosts/NAME/upper. Nothing is copied, and `down` removes only what the host wrote.
+    echo "$from" >"$dir/lower"
+    mount_root "$name"
+  else
+    cp -a "$from" "$dir/root"
+  fi
   local root="$dir/root"
   echo "$name" >"$root/etc/hostname"
   printf '127.0.0.1 localhost\n%s %s\n' "$address" "$name" >"$root/etc/hosts"
@@ -125,7 +154,70 @@ EOF
   chmod 0700 "$root/root/.ssh"
   echo "$address" >"$dir/address"
   echo "$port" >"$dir/port"
+  [ "$from" = "$base" ] || log "$name starts from host image $(basename "$from")"
   boot "$name"
+}
+
+# What a host image is made of, as one digest: the base, the wheelhouse, the role and the settings
+# that install the venv. A change of any of them builds the image again.
+image_key() {
+  {
+    echo "$base_packages"
+    cat "$cache/wheelhouse/demo/SHA256SUMS"
+    (cd "$checkout" && find roles/sglang_venv inventories/demo playbooks/venv.yml requirements -type f -print0 | sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -c1-16
+}
+
+# Build host image IMAGE: boot a host from the base, install into it what the image holds (by the
+# role that owns it, exactly as site.yml would), stop it and keep its root as images/IMAGE without
+# its identity (hostname, machine-id, SSH host key and login key are written anew by `up`).
+# Known images: sglang-venv (the demo fleet's venv release, built by playbooks/venv.yml with
+# inventories/demo's settings; `current` is not switched, as site.yml leaves it).
+cmd_image() {
+  local image=${1:?usage: hosts.sh image sglang-venv} digest dir root rc=0
+  [ "$image" = sglang-venv ] || die "unknown host image '$image' (known: sglang-venv)"
+  [ -f "$cache/wheelhouse/demo/SHA256SUMS" ] || die "no demo wheelhouse yet: ansible-playbook playbooks/demo_prepare.yml"
+  command -v ansible-playbook >/dev/null || die "ansible-playbook not in PATH (use the checkout's .venv)"
+  cmd_base
+  ensure_key
+  digest=$(image_key)
+  if [ "$(cat "$images/$image/.hicache-fleet-image" 2>/dev/null)" = "$digest" ]; then
+    log "host image $image cached: $images/$image"
+    return
+  fi
+  log "building host image $image (playbooks/venv.yml on $image_builder, $image_builder_address)"
+  cmd_down "$image_builder"
+  cmd_up "$image_builder" "$image_builder_address"
+  dir="$hosts/$image_builder"
+  root="$dir/root"
+  [ -d "$root/etc" ] || die "no root for $image_builder at $root"
+  printf '%s\n' "sglang_hosts:" "  hosts:" "    $image_builder:" \
+    "      ansible_host: $image_builder_address" "      ansible_user: root" \
+    "      ansible_ssh_private_key_file: $key" \
+    "      ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null" \
+    >"$dir/inventory.yml"
+  HICACHE_FLEET_CACHE="$cache" ANSIBLE_CONFIG="$checkout/ansible.cfg" ANSIBLE_FACT_CACHING=memory \
+    ansible-playbook -i "$checkout/inventories/demo" -i "$dir/inventory.yml" --limit "$image_builder" \
+    "$checkout/playbooks/venv.yml" >"$dir/image.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    tail -n 40 "$dir/image.log" >&2
+    cmd_down "$image_builder"
+    die "building host image $image failed (playbooks/venv.yml rc $rc)"
+  fi
+  cmd_stop "$image_builder"
+  rm -f "$root"/etc/ssh/ssh_host_* "$root/etc/machine-id" "$root/etc/ssh/sshd_config.d/10-test-host.conf" \
+    "$root/root/.ssh/authorized_keys"
+  rm -rf "$root"/var/log/journal/*
+  apt_clean "$root"
+  echo "$digest" >"$root/.hicache-fleet-image"
+  mkdir -p "$images"
+  rm -rf "$images/$image.tmp" "$images/$image.old"
+  cp -a "$root" "$images/$image.tmp"
+  cmd_down "$image_builder"
+  if [ -d "$images/$image" ]; then mv "$images/$image" "$images/$image.old"; fi
+  mv "$images/$image.tmp" "$images/$image"
+  rm -rf "$images/$image.old"
+  log "host image $image ready: $images/$image ($(du -sh "$images/$image" | cut -f1))"
 }
 
 # Boot the guest's copy (hosts/NAME/root) and wait until systemd runs and SSH answers.
@@ -176,7 +268,24 @@ cmd_start() {
     log "$name already running (pid $(pid_of "$name"))"
     return
   fi
+  [ ! -f "$hosts/$name/lower" ] || mount_root "$name"
   boot "$name"
+}
+
+# Overlay roots (no copy per host) unless HICACHE_FLEET_OVERLAY=0 or the kernel has no overlayfs;
+# then each host gets a full `cp -a` copy, as before.
+overlay_ok() { [ "${HICACHE_FLEET_OVERLAY:-1}" != 0 ] && grep -qw overlay /proc/filesystems; }
+
+# Mount hosts/NAME/root as an overlay of the read-only lower root named in hosts/NAME/lower (the base
+# or an image, never written to) and the host's own upper dir. Safe to repeat.
+mount_root() {
+  local dir="$hosts/$1" lower
+  mountpoint -q "$dir/root" 2>/dev/null && return 0
+  lower=$(cat "$dir/lower")
+  [ -d "$lower/etc" ] || die "$1: its lower root $lower is gone"
+  mkdir -p "$dir/upper" "$dir/work" "$dir/root"
+  mount -t overlay "hicache-$1" -o "lowerdir=$lower,upperdir=$dir/upper,workdir=$dir/work" "$dir/root" ||
+    die "$1: cannot mount its overlay root (set HICACHE_FLEET_OVERLAY=0 to copy the base instead)"
 }
 
 # SIGTERM a process by its PID, SIGKILL it if it is still there after 15 s. Usage: stop_pid PID LABEL
@@ -200,6 +309,7 @@ cmd_down() {
   [ -d "$dir" ] || return 0
   pid=$(pid_of "$name")
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then stop_pid "$pid" "$name"; fi
+  if mountpoint -q "$dir/root" 2>/dev/null; then umount "$dir/root" || umount -l "$dir/root"; fi
   rm -rf "$dir"
 }
 
@@ -237,6 +347,7 @@ cmd_destroy_all() {
 case ${1:-} in
   base) cmd_base ;;
   up) shift; cmd_up "$@" ;;
+  image) shift; cmd_image "$@" ;;
   down) shift; cmd_down "$@" ;;
   stop) shift; cmd_stop "$@" ;;
   start) shift; cmd_start "$@" ;;
@@ -244,5 +355,5 @@ case ${1:-} in
   list) cmd_list ;;
   destroy-all) cmd_destroy_all ;;
   key) ensure_key; echo "$key" ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  *) sed -n '2,23p' "$0"; exit 2 ;;
 esac
