@@ -229,7 +229,8 @@ def rocm_gpu_map(stdout: str, instances: list[dict[str, Any]] | None, arch: str 
     args: {--tp-size}}, optional tp_size); tp_size: the TP size of an instance that names none;
     environment: what every instance's environment starts from (the instance's own wins).
     Returns {gpus: [GPU agents], instances: [{name, hip_visible_devices, devices, tp_size, problems}],
-    problems: [every problem, one sentence each, naming the variable and the fix]}.
+    problems: [every problem, one sentence each, naming the variable and the fix],
+    mapping: {instance name: [HIP device indices it sees]}}.
     An unset HIP_VISIBLE_DEVICES makes every GPU agent visible, as HIP does.
     """
     gpus = [agent for agent in rocm_agents(stdout) if agent["device_type"] == "GPU"]
@@ -305,7 +306,8 @@ def rocm_gpu_map(stdout: str, instances: list[dict[str, Any]] | None, arch: str 
         if len(names) > 1:
             problems.append(f"instances {', '.join(names)} all use {_describe(gpus[index])}: give each instance "
                             "its own GPUs (HIP_VISIBLE_DEVICES in sglang_service_instances)")
-    return {"gpus": gpus, "instances": result, "problems": problems}
+    mapping = {inst["name"]: [d["hip_index"] for d in inst["devices"]] for inst in result}
+    return {"gpus": gpus, "instances": result, "problems": problems, "mapping": mapping}
 
 
 class FilterModule:
