@@ -123,6 +123,7 @@ def test_agents_of_no_output(f):
 def test_two_7900xtx_map_cleanly(f):
     m = f.rocm_gpu_map(rocminfo("two-7900xtx"), [MAIN], "gfx1100", 2)
     assert m["problems"] == []
+    assert m["mapping"] == {"main": [0, 1]}
     (inst,) = m["instances"]
     assert inst["tp_size"] == 2
     assert [(d["hip_index"], d["name"], d["bdf"]) for d in inst["devices"]] == [
