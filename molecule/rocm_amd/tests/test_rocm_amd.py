@@ -1,8 +1,10 @@
-"""Verify the rendered `amd` source on a real test host: the dearmored keyring holds the test key,
-the deb822 sources name AMD's URIs for the pinned ROCm and amdgpu releases with the Ubuntu suite and
-Signed-By the keyring, apt parses them, and AMD's origin is pinned at 600."""
+"""Verify the rendered `amd` source on a real test host: ansible.builtin.deb822_repository wrote the
+deb822 sources naming AMD's URIs for the pinned ROCm release, its graphics repository (ROCm 7.x) and
+the amdgpu release with the Ubuntu suite, the test key inline in Signed-By; apt parses them and AMD's
+origin is pinned at 600."""
 
 import os
+from pathlib import Path
 
 import pytest
 import testinfra.utils.ansible_runner
@@ -10,33 +12,39 @@ import testinfra.utils.ansible_runner
 inventory = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
 
-KEYRING = "/etc/apt/keyrings/rocm.gpg"
 SOURCES = {
     "rocm": "https://repo.radeon.com/rocm/apt/7.1.1",
+    "rocm-graphics": "https://repo.radeon.com/graphics/7.1.1/ubuntu",
     "amdgpu": "https://repo.radeon.com/amdgpu/30.20.1/ubuntu",
 }
 
 
 def deb822(text):
+    """Fields of a one-stanza deb822 file; continuation lines (a leading space) join their field."""
     fields = {}
+    key = None
     for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line[0] in " \t" and key:
+            fields[key] += "\n" + line.strip()
+            continue
+        key, _, value = line.partition(":")
+        key = key.strip()
+        fields[key] = value.strip()
     return fields
 
 
-def test_keyring_is_dearmored_test_key(host):
-    keyring = host.file(KEYRING)
-    assert keyring.exists
-    assert keyring.mode == 0o644
-    assert keyring.user == "root"
-    # Binary OpenPGP, not armor: the first byte is a packet tag, not "-----BEGIN".
-    assert not keyring.content.startswith(b"-----BEGIN")
-    shown = host.run(f"gpg --batch --show-keys {KEYRING}")
-    assert shown.rc == 0, shown.stderr
-    assert "hicache-fleet rocm_amd test key" in shown.stdout
-    assert host.file("/etc/apt/keyrings").mode == 0o755
+def test_signed_by_is_the_test_key(host):
+    # deb822_repository writes an armored key given in signed_by into Signed-By itself (continuation
+    # lines, an empty line as "."): it must be the throwaway key prepare.yml made, verbatim.
+    fields = deb822(host.file("/etc/apt/sources.list.d/rocm.sources").content_string)
+    armored = "\n".join("" if line == "." else line for line in fields["Signed-By"].splitlines()).strip()
+    key = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "rocm-test-key.asc").read_text()
+    assert armored.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----"), armored[:80]
+    assert [line.strip() for line in armored.splitlines()] == [line.strip() for line in key.strip().splitlines()]
+    # The hand-dearmored keyring of earlier versions is gone.
+    assert not host.file("/etc/apt/keyrings/rocm.gpg").exists
 
 
 @pytest.mark.parametrize(("name", "uri"), sorted(SOURCES.items()))
@@ -50,7 +58,9 @@ def test_deb822_source(host, name, uri):
     assert fields["Suites"] == "noble"
     assert fields["Components"] == "main"
     assert fields["Architectures"] == "amd64"
-    assert fields["Signed-By"] == KEYRING
+    assert fields["Signed-By"].startswith("\n-----BEGIN PGP PUBLIC KEY BLOCK-----") or fields["Signed-By"].startswith(
+        "-----BEGIN PGP PUBLIC KEY BLOCK-----")
+    assert fields["X-Repolib-Name"] == name
     assert not host.file(f"/etc/apt/sources.list.d/{name}.list").exists
 
 

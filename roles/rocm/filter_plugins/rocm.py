@@ -6,6 +6,10 @@ A release is a small dict computed on the controller from the inventory:
            "repositories": [...], "driver": ["amdgpu-dkms"], "packages": {"amdgpu-dkms": None, "rocm": None}}
 A package's version None means "any version the source offers" (distro: whatever is installed is
 kept; amd: the version of the pinned repository, so a repository change is an upgrade or a downgrade).
+
+The GPU mapping (rocm_agents, rocm_gpu_map) reads `rocminfo` output: HIP device indices, as
+HIP_VISIBLE_DEVICES names them, count the GPU agents only, in rocminfo's order (the "Agent N" number
+counts CPUs too and is never a device index).
 """
 
 from __future__ import annotations
@@ -150,6 +154,162 @@ def rocm_apt_names(wanted: dict[str, str | None], only: list[str] | None = None,
     ]
 
 
+_AGENT_HEADER = re.compile(r"^\*+[ \t]*\n[ \t]*Agent[ \t]+(\d+)[ \t]*\n\*+[ \t]*$", re.M)
+_FIELD = re.compile(r"^([ \t]*)([A-Za-z][A-Za-z0-9 .()/-]*?):[ \t]*(.*?)[ \t]*$")
+_FIELDS = {"Name": "name", "Uuid": "uuid", "Marketing Name": "marketing_name", "Device Type": "device_type",
+           "Node": "node", "BDFID": "bdfid", "Chip ID": "chip_id", "Compute Unit": "compute_units"}
+# Variables that also mask or renumber GPUs for HIP; the mapping reads HIP_VISIBLE_DEVICES only.
+_OTHER_MASKS = ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+
+
+def _bdf(bdfid: str | None) -> str:
+    """rocminfo's BDFID (bus << 8 | device << 3 | function, decimal) as a PCI address, e.g. 2304 → 09:00.0."""
+    if not bdfid or not bdfid.isdigit() or int(bdfid) == 0:
+        return ""
+    value = int(bdfid)
+    return f"{value >> 8:02x}:{(value >> 3) & 0x1F:02x}.{value & 0x7}"
+
+
+def rocm_agents(stdout: str) -> list[dict[str, Any]]:
+    """rocminfo output → its agents in order, each {agent, name, uuid, marketing_name, device_type, node,
+    bdf, chip_id, compute_units}; GPU agents also get `hip_index` (0, 1, ... in rocminfo's order)."""
+    text = stdout or ""
+    headers = list(_AGENT_HEADER.finditer(text))
+    agents: list[dict[str, Any]] = []
+    for n, header in enumerate(headers):
+        body = text[header.end():headers[n + 1].start() if n + 1 < len(headers) else len(text)]
+        agent: dict[str, Any] = {"agent": int(header.group(1))}
+        indent = None
+        for line in body.splitlines():
+            match = _FIELD.match(line)
+            if not match:
+                continue
+            # The agent's own fields share the first field's indentation; deeper ones (ISA Info, Pool
+            # Info) repeat names like "Name:" and are not the agent's.
+            if indent is None:
+                indent = match.group(1)
+            if match.group(1) != indent:
+                continue
+            key = _FIELDS.get(match.group(2).strip())
+            if key and key not in agent:
+                agent[key] = match.group(3)
+        agent["device_type"] = agent.get("device_type", "").upper()
+        agent["bdf"] = _bdf(agent.pop("bdfid", None))
+        agents.append(agent)
+    index = 0
+    for agent in agents:
+        if agent["device_type"] == "GPU":
+            agent["hip_index"] = index
+            index += 1
+    return agents
+
+
+def _describe(gpu: dict[str, Any]) -> str:
+    where = f", PCI {gpu['bdf']}" if gpu.get("bdf") else ""
+    return f"HIP device {gpu['hip_index']} = {gpu.get('name', '?')} ({gpu.get('marketing_name', '?')}{where})"
+
+
+def _tp_size(instance: dict[str, Any], default: Any) -> int | None:
+    value = instance.get("tp_size")
+    if value is None:
+        value = (instance.get("args") or {}).get("--tp-size")
+    if value is None:
+        value = default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def rocm_gpu_map(stdout: str, instances: list[dict[str, Any]] | None, arch: str = "gfx1100",
+                 tp_size: Any = None, environment: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Map each instance's HIP_VISIBLE_DEVICES to rocminfo's GPU agents and say what is wrong.
+
+    instances: as sglang_service_instances lists them ({name, environment: {HIP_VISIBLE_DEVICES},
+    args: {--tp-size}}, optional tp_size); tp_size: the TP size of an instance that names none;
+    environment: what every instance's environment starts from (the instance's own wins).
+    Returns {gpus: [GPU agents], instances: [{name, hip_visible_devices, devices, tp_size, problems}],
+    problems: [every problem, one sentence each, naming the variable and the fix],
+    mapping: {instance name: [HIP device indices it sees]}}.
+    An unset HIP_VISIBLE_DEVICES makes every GPU agent visible, as HIP does.
+    """
+    gpus = [agent for agent in rocm_agents(stdout) if agent["device_type"] == "GPU"]
+    matching = [gpu["hip_index"] for gpu in gpus if gpu.get("name") == arch]
+    listed = "; ".join(_describe(gpu) for gpu in gpus) or "none"
+    result: list[dict[str, Any]] = []
+    problems: list[str] = []
+    users: dict[int, list[str]] = {}
+    for instance in instances or []:
+        name = str(instance.get("name", "?"))
+        env = dict(environment or {})
+        env.update(instance.get("environment") or {})
+        tp = _tp_size(instance, tp_size)
+        spec = env.get("HIP_VISIBLE_DEVICES")
+        mine: list[str] = []
+        devices: list[dict[str, Any]] = []
+        fix = ",".join(str(i) for i in matching[:tp]) if tp and len(matching) >= tp else ""
+        fix_hint = (f'; set HIP_VISIBLE_DEVICES: "{fix}" in its environment (sglang_service_instances)' if fix
+                    else f"; rocminfo lists {len(matching)} x {arch}: check the cards and the amdgpu driver (dmesg)")
+        for other in _OTHER_MASKS:
+            if other in env:
+                mine.append(f"{other} is set ({env[other]!r}); it masks or renumbers GPUs before HIP does, so this "
+                            f"check cannot map the devices: remove it and name the GPUs with HIP_VISIBLE_DEVICES only")
+        if tp is None or tp < 1:
+            given = instance.get("tp_size", (instance.get("args") or {}).get("--tp-size", tp_size))
+            mine.append(f"its TP size {given!r} is not a whole number >= 1 "
+                        "(--tp-size in the instance's args, or rocm_gpu_tp_size)")
+        if spec is None:
+            devices = list(gpus)
+            shown = "unset (every GPU agent is visible)"
+        else:
+            shown = f'"{spec}"'
+            tokens = [t.strip() for t in str(spec).split(",")]
+            if tokens == [""]:
+                tokens = []
+            seen: set[int] = set()
+            for token in tokens:
+                if token.isdigit():
+                    index = int(token)
+                    if index >= len(gpus):
+                        mine.append(f"HIP_VISIBLE_DEVICES={shown} names HIP device {index}, which does not exist: "
+                                    f"rocminfo lists {len(gpus)} GPU agent(s) ({listed}){fix_hint}")
+                        continue
+                    gpu = gpus[index]
+                elif token.upper().startswith("GPU-") and any(g.get("uuid") == token for g in gpus):
+                    gpu = next(g for g in gpus if g.get("uuid") == token)
+                else:
+                    mine.append(f"HIP_VISIBLE_DEVICES={shown}: {token!r} is neither a HIP device index nor the "
+                                f"Uuid of a GPU agent rocminfo lists ({listed}){fix_hint}")
+                    continue
+                if gpu["hip_index"] in seen:
+                    mine.append(f"HIP_VISIBLE_DEVICES={shown} names HIP device {gpu['hip_index']} twice{fix_hint}")
+                    continue
+                seen.add(gpu["hip_index"])
+                devices.append(gpu)
+            if not tokens:
+                mine.append(f"HIP_VISIBLE_DEVICES is empty, which hides every GPU{fix_hint}")
+        for gpu in devices:
+            if gpu.get("name") != arch:
+                mine.append(f"HIP_VISIBLE_DEVICES {shown} makes {_describe(gpu)} visible, which is not a {arch}"
+                            f"{fix_hint}")
+        visible = [gpu for gpu in devices if gpu.get("name") == arch]
+        if tp is not None and tp >= 1 and len(visible) != tp:
+            mine.append(f"TP size {tp} needs {tp} visible {arch} device(s); HIP_VISIBLE_DEVICES {shown} makes "
+                        f"{len(visible)} visible ({'; '.join(_describe(g) for g in visible) or 'none'}){fix_hint}")
+        for gpu in devices:
+            users.setdefault(gpu["hip_index"], []).append(name)
+        problems += [f"instance {name}: {p}" for p in mine]
+        result.append({"name": name, "hip_visible_devices": spec, "tp_size": tp, "problems": mine,
+                       "devices": [{k: gpu.get(k) for k in ("hip_index", "name", "marketing_name", "uuid", "bdf")}
+                                   for gpu in devices]})
+    for index, names in sorted(users.items()):
+        if len(names) > 1:
+            problems.append(f"instances {', '.join(names)} all use {_describe(gpus[index])}: give each instance "
+                            "its own GPUs (HIP_VISIBLE_DEVICES in sglang_service_instances)")
+    mapping = {inst["name"]: [d["hip_index"] for d in inst["devices"]] for inst in result}
+    return {"gpus": gpus, "instances": result, "problems": problems, "mapping": mapping}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -164,4 +324,6 @@ class FilterModule:
             "rocm_unavailable": rocm_unavailable,
             "rocm_unavailable_notes": rocm_unavailable_notes,
             "rocm_apt_names": rocm_apt_names,
+            "rocm_agents": rocm_agents,
+            "rocm_gpu_map": rocm_gpu_map,
         }
