@@ -61,7 +61,8 @@ def test_router_worker_changes():
     listed = [{"id": "1", "url": "http://a:1/"}, {"id": "2", "url": "http://old:1"}, {"id": "3", "url": "http://a:1"}]
     assert ROUTER.router_worker_changes(listed, ["http://a:1", "http://b:1"]) == {
         "add": ["http://b:1"], "remove": [{"id": "2", "url": "http://old:1"}, {"id": "3", "url": "http://a:1"}]}
-    assert ROUTER.router_worker_changes([{"id": "1", "url": "http://a:1"}], ["http://a:1/"]) == {"add": [], "remove": []}
+    same = ROUTER.router_worker_changes([{"id": "1", "url": "http://a:1"}], ["http://a:1/"])
+    assert same == {"add": [], "remove": []}
 
 
 ROUTER_PYTHON = ROOT / ".cache" / "sglang-router-venv" / "bin" / "python"
