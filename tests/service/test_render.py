@@ -221,8 +221,16 @@ def rendered(tmp_path_factory) -> Path:
     return out
 
 
+# What the toolkit adds to the seed's command lines (Prometheus metrics for roles/monitoring): the
+# rendered unit must carry it; the comparisons with the seed below see the command without it.
+TOOLKIT_SWITCHES = ("--enable-metrics",)
+
+
 def rendered_args(rendered: Path, name: str) -> list[str]:
-    return server_args(exec_start((rendered / f"sglang-{name}.service").read_text(encoding="utf-8")))
+    argv = server_args(exec_start((rendered / f"sglang-{name}.service").read_text(encoding="utf-8")))
+    for switch in TOOLKIT_SWITCHES:
+        assert argv.count(switch) == 1, f"{switch} missing from sglang-{name}.service"
+    return [word for word in argv if word not in TOOLKIT_SWITCHES]
 
 
 # --- the tests -----------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+../../roles/monitoring/filter_plugins/fleet_endpoints.py

@@ -1,0 +1,1 @@
+../../monitoring/filter_plugins/fleet_endpoints.py
