@@ -6,7 +6,7 @@ from pathlib import Path
 from plugins import load
 
 ROOT = Path(__file__).resolve().parents[1]
-fleet_report = load("scripts/fleet_report.py", "fleet_report")
+fleet_report = load("roles/rollout/files/fleet_report.py", "fleet_report")
 
 
 def probe(cold_ms: float, warm_ms: float, reasons: list[str] | None = None) -> dict:
