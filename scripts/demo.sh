@@ -28,7 +28,7 @@ TXT
 "$bin/ansible-playbook" -i inventories/demo site.yml "$@"
 
 say "4/4 The rollout report"
-run_dir=$(ls -d reports/rollout/*/ | sort | tail -n 1)
+run_dir=$(ls -d inventories/demo/reports/rollout/*/ | sort | tail -n 1)
 cat "$run_dir/rollout.md"
 echo
 echo "chart: ${run_dir}ttft.png"

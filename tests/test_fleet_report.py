@@ -6,7 +6,7 @@ from pathlib import Path
 from plugins import load
 
 ROOT = Path(__file__).resolve().parents[1]
-fleet_report = load("scripts/fleet_report.py", "fleet_report")
+fleet_report = load("roles/rollout/files/fleet_report.py", "fleet_report")
 
 
 def probe(cold_ms: float, warm_ms: float, reasons: list[str] | None = None) -> dict:
@@ -167,3 +167,16 @@ def test_every_host_reported_passes_and_a_taken_over_lock_is_reported(tmp_path):
     md = (tmp_path / "rollout.md").read_text()
     assert "verdict: **every host passed or was already validated**" in md
     assert f"- taken over: {stale}" in md.split("## Run lock")[1]
+
+
+def test_a_host_found_on_an_unvalidated_release_passes_with_a_note(tmp_path):
+    note = "main found running a release this host never validated; probed now without a restart: passed"
+    write_run(tmp_path, [{"host": "demo-1", "verdict": "unchanged", "probe": {}},
+                         {"host": "demo-2", "verdict": "passed", "probe": probe(1900, 20), "note": note}])
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r5", "hosts": ["demo-1", "demo-2"]}))
+    (tmp_path / "outcome.json").write_text(json.dumps({"hosts": {"demo-1": {}, "demo-2": {}}, "locks": {"left": []}}))
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    md = (tmp_path / "rollout.md").read_text()
+    assert "verdict: **every host passed or was already validated**" in md
+    assert "| demo-2 | passed |" in md
+    assert f"- **demo-2**: {note}" in md.split("## Notes")[1]

@@ -47,3 +47,12 @@ def test_rollout_plan_summary():
     assert f.rollout_plan_summary(["main"], ["main"], []) == "restart main; probe main."
     text = f.rollout_plan_summary([], ["main"], ["main"])
     assert text.startswith("restart nothing; probe main (main already run a release that was never validated")
+
+
+def test_inventory_label_is_relative_only_under_the_run_directory():
+    label = _filters().rollout_inventory_label
+    assert label(["/src/fleet/inventories/demo"], "/src/fleet") == "inventories/demo"
+    assert label(["/tmp/molecule/inventory/hosts.yml", "/src/fleet/inv"], "/src/fleet") == (
+        "/tmp/molecule/inventory/hosts.yml, inv"
+    )
+    assert label(["/src/fleet/inv"], "") == "/src/fleet/inv"

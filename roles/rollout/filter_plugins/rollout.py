@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -185,6 +186,17 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
+def rollout_inventory_label(sources: list[str], cwd: str | None) -> str:
+    """The run's inventory sources as the operator named them: relative to the directory the run
+    started in (cwd) when they are under it, else absolute."""
+    labels = []
+    for source in sources or []:
+        path = os.path.abspath(str(source))
+        under = bool(cwd) and os.path.commonpath([path, os.path.abspath(cwd)]) == os.path.abspath(cwd)
+        labels.append(os.path.relpath(path, cwd) if under else path)
+    return ", ".join(labels)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -195,4 +207,5 @@ class FilterModule:
             "rollout_record": rollout_record,
             "rollout_order": rollout_order,
             "rollout_plan_summary": rollout_plan_summary,
+            "rollout_inventory_label": rollout_inventory_label,
         }

@@ -3,13 +3,15 @@
 Markdown and a PNG bar chart of TTFT ("shorter is better").
 
     fleet_report.py rollout RUN_DIR     reads RUN_DIR/hosts/*.json (one record per host, written by
-                                        playbooks/rollout.yml), RUN_DIR/run.json and, once the run
+                                        roles/rollout's gate or rollback), RUN_DIR/run.json and, once the run
                                         ended, RUN_DIR/outcome.json (callback_plugins/
                                         rollout_outcome.py); writes RUN_DIR/rollout.{json,md,png}
     fleet_report.py ab RECORD_JSON      reads the A/B record (playbooks/ab_benchmark.yml), writes
                                         .md and .png beside it
 
-Runs with the controller venv's Python (matplotlib is pinned in requirements/controller.txt).
+Shipped with roles/rollout, which runs it (tasks/report.yml, tasks/ab_report.yml; run.json's
+report_command for callback_plugins/rollout_outcome.py). Runs with the controller venv's Python
+(matplotlib is pinned in requirements/controller.txt).
 """
 
 from __future__ import annotations
