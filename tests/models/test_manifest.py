@@ -193,3 +193,33 @@ def test_missing_manifest_file_gets_the_role_message(tmp_path):
     assert (f"models_main.manifest_file {ROOT}/inventories/example/files/models/main.manifest.yml cannot be read on "
             "the controller: No such file or directory; write it with playbooks/model_manifest.yml") in text
     assert "lookup" not in text.lower()
+
+
+def test_get_url_checksum_refusal_named_like_a_mismatch():
+    want, got = "a" * 64, "b" * 64
+    results = [
+        {"item": {"path": "extra.safetensors", "size": 262144}, "failed": True,
+         "msg": f"The checksum for /srv/x/.staging/m/extra.safetensors.tmp did not match {want}; it was {got}."},
+        {"item": {"path": "config.json", "size": 10}, "failed": True,
+         "msg": "Request failed: HTTP Error 404: Not Found"},
+        {"item": {"path": "ok.bin", "size": 1}, "changed": True},
+    ]
+    errors = F.models_fetch_errors(results)
+    assert errors == {
+        "extra.safetensors": f"sha256 {got} (the download, removed by get_url), manifest says {want} (262144 bytes)",
+        "config.json": "Request failed: HTTP Error 404: Not Found",
+    }
+    stats = [{"item": {"path": p, "sha256": want, "size": 1}, "stat": {"exists": False}}
+             for p in ("extra.safetensors", "config.json", "gone.bin")]
+    msgs = [b["msg"] for b in F.models_file_problems(stats, True, errors)]
+    assert msgs == [f"extra.safetensors: sha256 {got} (the download, removed by get_url), manifest says {want} "
+                    "(262144 bytes)", "config.json: Request failed: HTTP Error 404: Not Found", "gone.bin is missing"]
+
+
+def test_manifest_from_find_leaves_hidden_files_out():
+    found = [{"path": "/m/a.json", "checksum": "1" * 64, "size": 3},
+             {"path": "/m/.cache/huggingface/x.lock", "checksum": "2" * 64, "size": 1},
+             {"path": "/m/sub/.hicache-fleet-model.json", "checksum": "3" * 64, "size": 1},
+             {"path": "/m/sub/w.bin", "checksum": "4" * 64, "size": 9}]
+    assert [f["path"] for f in F.models_manifest_from_find(found, "/m/")] == ["a.json", "sub/w.bin"]
+    assert len(F.models_manifest_from_find(found, "/m", include_hidden=True)) == 4
