@@ -9,7 +9,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # rollout_ops (run locks, a host lost in its batch) runs on its own: make molecule SCENARIOS=rollout_ops.
 SCENARIOS ?= $(filter-out rollout_ops,$(shell ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename))
 
-.PHONY: help setup demo demo-down test lint syntax pytest molecule bench clean
+.PHONY: help setup demo demo-down test lint syntax pytest molecule bench clean lock
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
@@ -54,6 +54,9 @@ demo: setup ## boot the demo fleet and roll hicache-fleet out on it
 
 demo-down: ## stop the demo fleet's test hosts and remove their copies
 	for i in 1 2 3; do ./molecule/resources/hosts.sh down demo-$$i; done
+
+lock: setup ## lock files of the sglang_venv package sets (uv; roles/sglang_venv/files/locks/)
+	$(BIN)/python scripts/lock_package_sets.py lock
 
 bench: setup ## benchmarks that print figures (not tests)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done

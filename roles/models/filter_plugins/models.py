@@ -12,6 +12,9 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``models_prune_problems(keep, models_dir)``: why a keep list cannot be used (empty, not absolute, or
   naming nothing under models_dir).
 - ``models_prune_paths(found, keep)``: the found store/staging entries that no kept path names.
+- ``models_fetch_errors(results)``: why items of a fetch loop failed (get_url's checksum refusal rephrased).
+- ``models_manifest_from_hf_tree(entries)`` / ``models_manifest_from_find(found, root)``: a manifest
+  from the Hub's tree API at a pinned revision, or from a local directory (playbooks/model_manifest.yml).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def load_manifest_file(path: str) -> tuple[list[Any], str | None]:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
     except OSError as exc:
-        return [], f"manifest_file {path} cannot be read on the controller: {exc.strerror or exc}"
+        return [], (f"manifest_file {path} cannot be read on the controller: {exc.strerror or exc}; write it with "
+                    "playbooks/model_manifest.yml (from the pinned hf revision or a local copy of the model)")
     except yaml.YAMLError as exc:
         return [], f"manifest_file {path} is not valid YAML/JSON: {exc}"
     if isinstance(data, Mapping):
@@ -162,15 +166,40 @@ def models_plan(main: Any, draft: Any, models_dir: str) -> dict[str, Any]:
     }
 
 
+_GET_URL_CHECKSUM = re.compile(r"The checksum for .* did not match (?:sha256:)?([0-9a-f]{64}); it was ([0-9a-f]{64})")
+
+
+def models_fetch_errors(results: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """``{path: why}`` for the failed items of a registered fetch loop (item = manifest entry).
+
+    ``get_url`` with ``checksum:`` removes a download whose sha256 differs and says so; that is
+    rephrased like a staged file's mismatch. Other failures (HTTP 404, a timeout) keep their message.
+    """
+    errors = {}
+    for result in results:
+        if not result.get("failed"):
+            continue
+        entry = result.get("item") or {}
+        msg = str(result.get("msg") or "failed")
+        match = _GET_URL_CHECKSUM.search(msg)
+        if match:
+            msg = (f"sha256 {match.group(2)} (the download, removed by get_url), manifest says {match.group(1)} "
+                   f"({entry.get('size')} bytes)")
+        errors[str(entry.get("path", "?"))] = msg
+    return errors
+
+
 def models_file_problems(
-    results: Sequence[Mapping[str, Any]], check_sha256: bool = True
+    results: Sequence[Mapping[str, Any]], check_sha256: bool = True, fetch_errors: Mapping[str, str] | None = None
 ) -> list[dict[str, str]]:
     """The files of a registered ``stat`` loop (item = manifest entry) that do not match the manifest.
 
     Sizes are always compared; sha256 only with ``check_sha256`` (the stat ran with get_checksum).
-    Skipped items (no ``stat``) are ignored.
+    Skipped items (no ``stat``) are ignored. A missing file whose fetch failed (``fetch_errors``,
+    from ``models_fetch_errors``) is reported with the fetch's reason.
     """
     bad: list[dict[str, str]] = []
+    fetch_errors = fetch_errors or {}
     for result in results:
         stat, entry = result.get("stat"), result.get("item") or {}
         if stat is None:
@@ -178,7 +207,9 @@ def models_file_problems(
         path = entry.get("path", "?")
         got = f"sha256 {stat.get('checksum')} ({stat.get('size')} bytes)"
         want = f"manifest says {entry.get('sha256')} ({entry.get('size')} bytes)"
-        if not stat.get("exists"):
+        if not stat.get("exists") and path in fetch_errors:
+            bad.append({"path": path, "msg": f"{path}: {fetch_errors[path]}"})
+        elif not stat.get("exists"):
             bad.append({"path": path, "msg": f"{path} is missing"})
         elif check_sha256 and stat.get("checksum") != entry.get("sha256"):
             bad.append({"path": path, "msg": f"{path}: {got}, {want}"})
@@ -220,6 +251,63 @@ def models_prune_paths(found: Sequence[str], keep: Sequence[str]) -> list[str]:
     return sorted(out)
 
 
+def models_manifest_from_hf_tree(entries: Any, repo_id: str = "", revision: str = "") -> dict[str, Any]:
+    """A manifest from the Hub's tree API (``/api/models/<repo>/tree/<revision>?recursive=true``).
+
+    LFS files carry their sha256 in ``lfs.oid``; the other files' ``oid`` is a git blob sha1, so they
+    are listed in ``to_hash`` ({path, size}) for the caller to download and hash. ``problems`` names
+    what makes the listing unusable (not a list, no files, an entry without path or size).
+    """
+    files: list[dict[str, Any]] = []
+    to_hash: list[dict[str, Any]] = []
+    problems: list[str] = []
+    where = f"{repo_id}@{revision}" if repo_id else "the tree listing"
+    if not isinstance(entries, list):
+        return {"files": [], "to_hash": [], "problems": [f"{where}: the tree API did not answer with a list"]}
+    for item in entries:
+        if not isinstance(item, Mapping) or item.get("type") != "file":
+            continue
+        path, size, lfs = item.get("path"), item.get("size"), item.get("lfs")
+        if not path or not isinstance(size, int):
+            problems.append(f"{where}: tree entry {item!r} has no path or size")
+            continue
+        if isinstance(lfs, Mapping) and _SHA256.match(str(lfs.get("oid", ""))):
+            files.append({"path": str(path), "sha256": str(lfs["oid"]), "size": int(lfs.get("size", size))})
+        else:
+            to_hash.append({"path": str(path), "size": size})
+    if not files and not to_hash:
+        problems.append(f"{where}: the tree lists no files")
+    return {"files": sorted(files, key=lambda f: f["path"]), "to_hash": sorted(to_hash, key=lambda f: f["path"]),
+            "problems": problems}
+
+
+def models_manifest_from_find(
+    found: Sequence[Mapping[str, Any]], root: str, include_hidden: bool = False
+) -> list[dict[str, Any]]:
+    """A manifest from a registered ``find`` (files, ``get_checksum`` with sha256) under ``root``.
+
+    Paths are relative to ``root``; hidden files and files in hidden directories (``.cache/`` of a
+    Hub download, the role's own marker) are left out unless ``include_hidden``.
+    """
+    base = _norm(root).rstrip("/") + "/"
+    out = []
+    for item in found:
+        path = _norm(str(item.get("path", "")))
+        if not path.startswith(base):
+            continue
+        rel = path[len(base):]
+        if not include_hidden and any(part.startswith(".") for part in rel.split("/")):
+            continue
+        out.append({"path": rel, "sha256": str(item.get("checksum", "")), "size": int(item.get("size", 0))})
+    return sorted(out, key=lambda f: f["path"])
+
+
+def models_manifest_from_stats(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Manifest entries from a registered ``stat`` loop (sha256 checksums) whose item has the ``path``."""
+    return [{"path": str((r.get("item") or {}).get("path")), "sha256": str(r["stat"].get("checksum", "")),
+             "size": int(r["stat"].get("size", 0))} for r in results if r.get("stat", {}).get("exists")]
+
+
 class FilterModule:
     """Jinja filters of the models role."""
 
@@ -227,6 +315,11 @@ class FilterModule:
         return {
             "models_plan": models_plan,
             "models_file_problems": models_file_problems,
+            "models_fetch_errors": models_fetch_errors,
+            "models_manifest_from_hf_tree": models_manifest_from_hf_tree,
+            "models_manifest_from_find": models_manifest_from_find,
+            "models_manifest_from_stats": models_manifest_from_stats,
+            "models_manifest_hash": manifest_sha256,
             "models_prune_problems": models_prune_problems,
             "models_prune_paths": models_prune_paths,
         }
