@@ -38,7 +38,7 @@ description:
     With O(progress_path) it writes one line per round (cold and warm TTFT, cached tokens) to that
     file while it runs, so a playbook that runs it with C(async) can print each round as it comes.
 version_added: "0.1.0"
-author: hicache-fleet
+author: hicache-fleet maintainers (!UNKNOWN)
 options:
   url:
     description: Base URL of the SGLang server (a path prefix is kept, for servers behind a proxy).
@@ -194,13 +194,14 @@ options:
     default: 3600
 attributes:
   check_mode:
-    description: Sends no request; returns the plan and predicts C(changed) (true when O(report_path) is set).
+    description: Sends no request, returns the plan and predicts C(changed) (true when O(report_path) is set).
     support: full
   diff_mode:
-    description: Nothing to show: the probe changes no configuration.
+    description: Nothing to show, the probe changes no configuration.
     support: none
   platform:
     description: Any host whose Python reaches the server's URL.
+    support: full
     platforms: posix
 notes:
   - Needs only the Python standard library on the managed host.
@@ -357,11 +358,15 @@ def main():
         module.fail_json(msg="invalid options: " + " ".join(errors))
     plan = {"url": p["url"], "tier": p["tier"], "tiers": tiers_of(p["tier"]), "repeats": p["repeats"],
             "input_len": p["input_len"], "steps": plan_steps(p)}
+    # Failures end the module outside the except blocks: a sentence, no traceback attached.
+    failure = None
     try:
         baseline = load_baseline(p.get("baseline"))
         client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
     except ProbeError as exc:
-        module.fail_json(msg=str(exc), plan=plan)
+        failure = str(exc)
+    if failure:
+        module.fail_json(msg=failure, plan=plan)
     # The one change worth reporting: the JSON record on the managed host. Flushing the server's
     # cache and refilling it with the probe's own prompts leaves nothing for the operator to act on.
     writes_report = bool(p.get("report_path"))
@@ -369,7 +374,7 @@ def main():
         module.exit_json(changed=writes_report, plan=plan, requests_sent=0,
                          msg=f"check mode: would probe {p['url']} ({len(plan['steps'])} steps); nothing sent")
     result = {"plan": plan}
-    progress = None
+    progress = ProgressLog(None)
     try:
         progress = ProgressLog(p.get("progress_path"))
         with HostLock(p.get("lock_path"), p["lock_timeout"]) as lock:
@@ -382,24 +387,19 @@ def main():
             write_report(p["report_path"], build_report(result, p))
             result["report_path"] = p["report_path"]
     except ProbeError as exc:
-        _end(progress, f"error: {exc}")
-        module.fail_json(msg=str(exc), changed=False, **result)
+        failure = str(exc)
     except Exception as exc:  # pylint: disable=broad-exception-caught  # a message, never a traceback
-        msg = f"unexpected {type(exc).__name__} while probing {p['url']}: {exc}"
-        _end(progress, f"error: {msg}")
-        module.fail_json(msg=msg, changed=False, **result)
+        failure = f"unexpected {type(exc).__name__} while probing {p['url']}: {exc}"
+    if failure:
+        progress.write(f"end: error: {failure}")
+        module.fail_json(msg=failure, changed=False, **result)
     result["msg"] = summary_line(result)
     if p["gate"] and not result["gate"]["passed"]:
         result["msg"] = f"the probe gate failed on {p['url']}: " + "; ".join(result["gate"]["reasons"])
-        _end(progress, "FAILED: " + "; ".join(result["gate"]["reasons"]))
+        progress.write("end: FAILED: " + "; ".join(result["gate"]["reasons"]))
         module.fail_json(changed=writes_report, **result)
-    _end(progress, result["msg"])
+    progress.write(f"end: {result['msg']}")
     module.exit_json(changed=writes_report, **result)
-
-
-def _end(progress, line):
-    if progress is not None:
-        progress.write(f"end: {line}")
 
 
 if __name__ == "__main__":

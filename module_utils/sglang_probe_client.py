@@ -346,8 +346,6 @@ class SGLangClient:
         }
 
 
-
-
 def wait_until_healthy(client: SGLangClient, ready_timeout: float,
                        clock: Callable[[], float] = time.monotonic) -> float:
     """Poll /health_generate (or /health) until 200; returns the seconds waited."""

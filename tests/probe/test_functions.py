@@ -300,7 +300,7 @@ def test_gate_against_a_longer_baseline_names_the_scaling(params):
 
 def test_load_baseline_forms(tmp_path):
     record = {"cold": {"median_ttft_ms": 5.0}}
-    path = tmp_path / "json"
+    path = tmp_path / "probe.json"
     path.write_text(json.dumps(record))
     assert load_baseline(record) == record
     assert load_baseline(str(path)) == record

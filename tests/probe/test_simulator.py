@@ -27,7 +27,7 @@ def sim_snapshot(url: str) -> dict:
 
 
 def test_hicache_on_both_tiers_pass_at_128k_through_ansible(hicache_sim, ansible_run, tmp_path):
-    report = tmp_path / "json"
+    report = tmp_path / "probe.json"
     # The module's defaults (128K, 512/16 tokens, 3 repeats, tier both), with shorter timeouts and a
     # looser ratio: the simulator's request parsing (~15-60 ms for 1 MB of ids on a loaded machine) is
     # not scaled down with its 192 ms cold prefill, so warm/cold is far above the hardware's 0.014.
