@@ -22,10 +22,11 @@ $(VENV)/.installed: requirements/controller.txt
 setup: $(VENV)/.installed ## the pinned controller virtualenv (.venv) and the test-host tools
 	./scripts/host-tools.sh
 
-lint: setup ## yamllint, ansible-lint (production profile), ruff
+lint: setup ## yamllint, ansible-lint (production profile), ruff, ansible-test sanity (modules, module_utils)
 	$(BIN)/yamllint --strict .
 	$(BIN)/ansible-lint --profile production
 	$(BIN)/ruff check .
+	BIN=$(BIN) ./scripts/sanity.sh
 
 syntax: setup ## ansible-playbook --syntax-check on every playbook
 	$(BIN)/ansible-playbook --syntax-check site.yml

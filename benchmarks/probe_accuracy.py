@@ -17,7 +17,6 @@ Run: .venv/bin/python benchmarks/probe_accuracy.py [--rounds N]
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import socket
@@ -30,22 +29,20 @@ import urllib.request
 from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+import ansible.module_utils  # noqa: E402
 from procs import stop_by_pid  # noqa: E402  (the one stop-by-PID helper of the test suites)
+
+# The probe's module_utils, under the name Ansible gives them (ansible.cfg: module_utils).
+ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+from ansible.module_utils.sglang_probe_client import SGLangClient, flush_cache, generate_body, generate_ids  # noqa: E402
+from ansible.module_utils.sglang_probe_measure import extract_server_facts, filler_lengths  # noqa: E402
 
 INPUT_LEN = 128_000
 VOCAB = 248_320  # the seed model's vocabulary (the simulator's fixture model)
 REFERENCE_TTFT_S = 0.192  # 192 s scaled 1000x, as the simulator does
-
-
-def load_probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sglang_cache_probe", REPO / "library" / "sglang_cache_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def ms(values: list[float]) -> str:
@@ -56,13 +53,13 @@ def ms(values: list[float]) -> str:
     return f"median {statistics.median(s) * 1000:7.2f} ms   p90 {p90 * 1000:7.2f} ms   (n={len(s)})"
 
 
-def client_cost(probe: ModuleType, rounds: int) -> None:
+def client_cost(rounds: int) -> None:
     gen, ser = [], []
     for i in range(rounds):
         t0 = time.perf_counter()
-        ids = probe.generate_ids(INPUT_LEN, VOCAB, 42 + i)
+        ids = generate_ids(INPUT_LEN, VOCAB, 42 + i)
         t1 = time.perf_counter()
-        body = probe.generate_body(ids, 512, 0.0)
+        body = generate_body(ids, 512, 0.0)
         t2 = time.perf_counter()
         gen.append(t1 - t0)
         ser.append(t2 - t1)
@@ -108,20 +105,20 @@ def start_sim(workdir: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the simulator did not come up")
 
 
-def against_simulator(probe: ModuleType, rounds: int) -> None:
+def against_simulator(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_sim(Path(tmp))
         try:
-            client = probe.SGLangClient(url, None, 120)
-            info = probe.extract_server_facts(client.get_json(("/get_server_info",)), {})
-            fillers = probe.filler_lengths(info["max_total_num_tokens"], INPUT_LEN, 1.0, info["max_req_input_len"])
-            body = probe.generate_body(probe.generate_ids(INPUT_LEN, VOCAB, 42), 4, 0.0)
+            client = SGLangClient(url, None, 120)
+            info = extract_server_facts(client.get_json(("/get_server_info",)), {})
+            fillers = filler_lengths(info["max_total_num_tokens"], INPUT_LEN, 1.0, info["max_req_input_len"])
+            body = generate_body(generate_ids(INPUT_LEN, VOCAB, 42), 4, 0.0)
             errors: dict[str, dict[str, list[float]]] = {}
             for _ in range(rounds):
-                probe.flush_cache(client, 30)
+                flush_cache(client, 30)
                 cases = [("cold", client.stream_generate(body)), ("warm device", client.stream_generate(body))]
                 for j, n in enumerate(fillers):
-                    client.stream_generate(probe.generate_body(probe.generate_ids(n, VOCAB, f"f{j}"), 1, 0.0),
+                    client.stream_generate(generate_body(generate_ids(n, VOCAB, f"f{j}"), 1, 0.0),
                                            need_accounting=False)
                 cases.append(("warm host", client.stream_generate(body)))
                 for name, run in cases:
@@ -181,13 +178,13 @@ def serve_reference() -> None:
     httpd.serve_forever()
 
 
-def against_reference(probe: ModuleType, rounds: int) -> None:
+def against_reference(rounds: int) -> None:
     # in its own process, so the client and the server do not share one interpreter lock
     proc = subprocess.Popen([sys.executable, __file__, "--serve-reference"], stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())
-        client = probe.SGLangClient(f"http://127.0.0.1:{port}", None, 60)
-        body = probe.generate_body(probe.generate_ids(INPUT_LEN, VOCAB, 42), 1, 0.0)
+        client = SGLangClient(f"http://127.0.0.1:{port}", None, 60)
+        body = generate_body(generate_ids(INPUT_LEN, VOCAB, 42), 1, 0.0)
         errors = []
         for _ in range(rounds):
             run = client.stream_generate(body)
@@ -206,13 +203,12 @@ def main() -> None:
     if args.serve_reference:
         serve_reference()
         return
-    probe = load_probe()
-    client_cost(probe, max(args.rounds, 5) * 2)
+    client_cost(max(args.rounds, 5) * 2)
     if (REPO / "sim" / "sglang_sim").is_dir():
-        against_simulator(probe, args.rounds)
+        against_simulator(args.rounds)
     else:
         print("== simulator not in this tree: skipped the comparison with it")
-    against_reference(probe, args.rounds)
+    against_reference(args.rounds)
 
 
 if __name__ == "__main__":

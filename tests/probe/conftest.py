@@ -1,4 +1,4 @@
-"""Fixtures of the probe tests: the module imported from its path, option sets, Ansible runs."""
+"""Fixtures of the probe tests: the probe's module_utils importable, option sets, Ansible runs."""
 
 from __future__ import annotations
 
@@ -7,32 +7,28 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import ansible.module_utils
 import pytest
-from plugins import load
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE_PATH = REPO / "library" / "sglang_cache_probe.py"
 VENV_BIN = REPO / ".venv" / "bin"
 
+# The probe's module_utils (module_utils/ at the checkout's root, ansible.cfg `module_utils`) under the
+# name Ansible gives them, so tests import them as the module does: ansible.module_utils.sglang_probe_*.
+if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 
-def load_probe() -> ModuleType:
-    return load(MODULE_PATH, "sglang_cache_probe")
-
-
-@pytest.fixture(scope="session")
-def probe() -> ModuleType:
-    return load_probe()
+from ansible.module_utils.sglang_probe_measure import ARGUMENT_SPEC  # noqa: E402
 
 
 @pytest.fixture
-def params(probe: ModuleType):
+def params():
     """Module options with the module's defaults, small enough for a fake server."""
 
     def make(**over: Any) -> dict:
-        p = {name: spec.get("default") for name, spec in probe.ARGUMENT_SPEC.items()}
+        p = {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
         p.update(input_len=512, cold_output_len=4, warm_output_len=2, repeats=1,
                  ready_timeout=2.0, flush_timeout=1.0, request_timeout=10.0)
         p.update(over)

@@ -9,8 +9,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 
+from ansible.module_utils.sglang_probe_client import SGLangClient
+from ansible.module_utils.sglang_probe_gate import evaluate_gate, load_baseline
+from ansible.module_utils.sglang_probe_measure import run_probe
 from probe_fakes import free_port
 from procs import stop_by_pid
 
@@ -82,9 +84,9 @@ class SimServer:
         self._log.close()
 
 
-def probe_once(probe: ModuleType, p: dict) -> dict:
+def probe_once(p: dict) -> dict:
     """The probe module's measurement and gate, called as functions (no Ansible)."""
-    client = probe.SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
-    result = probe.run_probe(p, client)
-    result["gate"] = probe.evaluate_gate(result, p, probe.load_baseline(p.get("baseline")))
+    client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
+    result = run_probe(p, client)
+    result["gate"] = evaluate_gate(result, p, load_baseline(p.get("baseline")))
     return result

@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 
 import pytest
+from ansible.module_utils.sglang_probe_client import ProbeError, SGLangClient
+from ansible.module_utils.sglang_probe_gate import evaluate_gate
+from ansible.module_utils.sglang_probe_measure import run_probe
 from probe_fakes import FakeServer, free_port
 
 
-def probe_once(probe, p):
-    client = probe.SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
-    result = probe.run_probe(p, client)
-    result["gate"] = probe.evaluate_gate(result, p)
+def probe_once(p):
+    client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
+    result = run_probe(p, client)
+    result["gate"] = evaluate_gate(result, p)
     return result
 
 
-def test_fake_with_hicache_passes_both_tiers(probe, params):
+def test_fake_with_hicache_passes_both_tiers(params):
     with FakeServer(capacity=1200, s_per_token=0.0002) as srv:
         p = params(url=srv.url, input_len=1000, repeats=2, tier="both", max_warm_cold_ratio=0.6)
-        result = probe_once(probe, p)
+        result = probe_once(p)
     assert result["gate"]["passed"], result["gate"]["reasons"]
     assert result["warm"]["device"]["median_device_cached_tokens"] == 999
     assert result["warm"]["host"]["median_host_cached_tokens"] == 999
@@ -35,10 +38,10 @@ def test_fake_with_hicache_passes_both_tiers(probe, params):
     assert sum(path == "/flush_cache" for path in posts) == 2
 
 
-def test_fake_without_hicache_fails_host_tier_with_reasons(probe, params):
+def test_fake_without_hicache_fails_host_tier_with_reasons(params):
     with FakeServer(capacity=1200, hicache=False) as srv:
         p = params(url=srv.url, input_len=1000, tier="host")
-        result = probe_once(probe, p)
+        result = probe_once(p)
     gate = result["gate"]
     assert not gate["passed"]
     text = " ".join(gate["reasons"])
@@ -47,25 +50,25 @@ def test_fake_without_hicache_fails_host_tier_with_reasons(probe, params):
     assert result["server"]["enable_hierarchical_cache"] is False
 
 
-def test_connection_refused(probe, params):
+def test_connection_refused(params):
     p = params(url=f"http://127.0.0.1:{free_port()}", ready_timeout=0.5)
-    with pytest.raises(probe.ProbeError, match=r"connection refused\): is the SGLang server running"):
-        probe_once(probe, p)
+    with pytest.raises(ProbeError, match=r"connection refused\): is the SGLang server running"):
+        probe_once(p)
 
 
-def test_never_healthy(probe, params):
+def test_never_healthy(params):
     with FakeServer(faults=("never_healthy",)) as srv:
         p = params(url=srv.url, ready_timeout=1.0)
-        with pytest.raises(probe.ProbeError, match=r"did not become healthy within ready_timeout 1 s.*HTTP 503"):
-            probe_once(probe, p)
+        with pytest.raises(ProbeError, match=r"did not become healthy within ready_timeout 1 s.*HTTP 503"):
+            probe_once(p)
         assert not any(path == "/generate" for _, path in srv.requests)
 
 
-def test_flush_refused_until_timeout(probe, params):
+def test_flush_refused_until_timeout(params):
     with FakeServer(faults=("flush_busy",)) as srv:
         p = params(url=srv.url, flush_timeout=1.0)
-        with pytest.raises(probe.ProbeError) as err:
-            probe_once(probe, p)
+        with pytest.raises(ProbeError) as err:
+            probe_once(p)
         assert not any(path == "/generate" for _, path in srv.requests)
     msg = str(err.value)
     assert "refused for flush_timeout 1 s" in msg
@@ -73,62 +76,62 @@ def test_flush_refused_until_timeout(probe, params):
     assert "drain" in msg
 
 
-def test_flush_retried_while_busy_then_succeeds(probe, params):
+def test_flush_retried_while_busy_then_succeeds(params):
     with FakeServer(busy_flushes=2) as srv:
         p = params(url=srv.url, flush_timeout=5.0, tier="device")
-        result = probe_once(probe, p)
+        result = probe_once(p)
         flushes = [path for method, path in srv.requests if path == "/flush_cache"]
     assert len(flushes) == 3
     assert result["cold"]["completed"] == 1
 
 
-def test_generate_5xx_shows_body_excerpt(probe, params):
+def test_generate_5xx_shows_body_excerpt(params):
     with FakeServer(faults=("gen_500",)) as srv:
         p = params(url=srv.url)
-        with pytest.raises(probe.ProbeError, match=r"/generate answered HTTP 500.*HIP out of memory"):
-            probe_once(probe, p)
+        with pytest.raises(ProbeError, match=r"/generate answered HTTP 500.*HIP out of memory"):
+            probe_once(p)
 
 
-def test_401_without_and_with_wrong_key(probe, params):
+def test_401_without_and_with_wrong_key(params):
     with FakeServer(api_key="s3cret") as srv:
-        with pytest.raises(probe.ProbeError, match="requires an API key; set the module's api_key"):
-            probe_once(probe, params(url=srv.url))
-        with pytest.raises(probe.ProbeError, match="rejected the api_key"):
-            probe_once(probe, params(url=srv.url, api_key="wrong"))
-        result = probe_once(probe, params(url=srv.url, api_key="s3cret", tier="device"))
+        with pytest.raises(ProbeError, match="requires an API key; set the module's api_key"):
+            probe_once(params(url=srv.url))
+        with pytest.raises(ProbeError, match="rejected the api_key"):
+            probe_once(params(url=srv.url, api_key="wrong"))
+        result = probe_once(params(url=srv.url, api_key="s3cret", tier="device"))
     assert result["warm"]["device"]["median_cached_tokens"] == 511
 
 
-def test_stream_cut_midway(probe, params):
+def test_stream_cut_midway(params):
     with FakeServer(faults=("gen_cut",)) as srv:
         p = params(url=srv.url, cold_output_len=8)
-        with pytest.raises(probe.ProbeError, match=r"was cut after 1 events.*closed the connection mid-way"):
-            probe_once(probe, p)
+        with pytest.raises(ProbeError, match=r"was cut after 1 events.*closed the connection mid-way"):
+            probe_once(p)
 
 
-def test_no_cached_token_accounting_names_the_flag(probe, params):
+def test_no_cached_token_accounting_names_the_flag(params):
     with FakeServer(faults=("no_accounting",), cache_report=False) as srv:
         p = params(url=srv.url)
-        with pytest.raises(probe.ProbeError) as err:
-            probe_once(probe, p)
+        with pytest.raises(ProbeError) as err:
+            probe_once(p)
     msg = str(err.value)
     assert "no meta_info.cached_tokens" in msg
     assert "--enable-cache-report" in msg
     assert "enable_cache_report is false" in msg
 
 
-def test_input_len_over_server_limit(probe, params):
+def test_input_len_over_server_limit(params):
     with FakeServer() as srv:
         p = params(url=srv.url, input_len=200000)
-        with pytest.raises(probe.ProbeError, match="exceeds the server's max_req_input_len 131072"):
-            probe_once(probe, p)
+        with pytest.raises(ProbeError, match="exceeds the server's max_req_input_len 131072"):
+            probe_once(p)
         assert not any(path == "/generate" for _, path in srv.requests)
 
 
-def test_ttft_is_shorter_for_a_hit(probe, params):
+def test_ttft_is_shorter_for_a_hit(params):
     # ratios, not absolute times: a cold miss sleeps for every token, a hit for almost none
     with FakeServer(capacity=5000, s_per_token=0.0002) as srv:
-        result = probe_once(probe, params(url=srv.url, input_len=2000, tier="device", repeats=3))
+        result = probe_once(params(url=srv.url, input_len=2000, tier="device", repeats=3))
     assert result["warm"]["device"]["warm_cold_ratio"] < 0.5
     assert len(result["cold"]["ttfts_ms"]) == 3
 

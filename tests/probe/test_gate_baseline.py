@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.module_utils.sglang_probe_measure import ARGUMENT_SPEC
 from plugins import load
 from sim_server import HICACHE_ARGS, SEED_ARGS, SimServer, probe_once, sim_available
 
@@ -105,7 +106,7 @@ def test_own_record_first_then_fleet_median_like_with_like():
 
 
 @pytest.fixture(scope="module")
-def healthy(sim_model, tmp_path_factory, probe):
+def healthy(sim_model, tmp_path_factory):
     """A healthy HiCache server at the demo's time scale, and its first validated probe (both tiers)."""
     server = SimServer(sim_model, SEED_ARGS + HICACHE_ARGS, tmp_path_factory.mktemp("simlog") / "healthy.log",
                        **DEMO_SCALE)
@@ -114,19 +115,19 @@ def healthy(sim_model, tmp_path_factory, probe):
 
 
 @pytest.fixture(scope="module")
-def healthy_record(healthy, probe):
-    p = {name: spec.get("default") for name, spec in probe.ARGUMENT_SPEC.items()}
+def healthy_record(healthy):
+    p = {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
     p.update(url=healthy.url, input_len=INPUT_LEN, cold_output_len=16, warm_output_len=4, repeats=1,
              request_timeout=120, ready_timeout=30, tier="both")
-    result = probe_once(probe, p)
+    result = probe_once(p)
     assert result["gate"]["passed"], result["gate"]["reasons"]
     return record_of(result)
 
 
 @needs_sim
-def test_healthy_reprobe_passes_against_its_own_record(healthy, healthy_record, probe, params):
+def test_healthy_reprobe_passes_against_its_own_record(healthy, healthy_record, params):
     baseline = filters.rollout_gate_baseline(healthy_record, {}, ["me"], "me", "main", INPUT_LEN)
-    result = probe_once(probe, gate_params(params, healthy.url, HICACHE_ON, baseline=baseline))
+    result = probe_once(gate_params(params, healthy.url, HICACHE_ON, baseline=baseline))
     gate = result["gate"]
     assert gate["passed"], gate["reasons"]
     compared = {c["name"]: c for c in gate["checks"] if c["name"].endswith(".max_regression")}
@@ -138,7 +139,7 @@ def test_healthy_reprobe_passes_against_its_own_record(healthy, healthy_record, 
 
 @needs_sim
 def test_ten_times_slower_prefill_fails_against_its_own_record_through_ansible(
-        start_sim, healthy_record, probe, params, ansible_run):
+        start_sim, healthy_record, params, ansible_run):
     slow = start_sim(SEED_ARGS + HICACHE_ARGS, SGLANG_SIM_FAULT="slow_prefill", **DEMO_SCALE)
     baseline = filters.rollout_gate_baseline(healthy_record, {}, ["me"], "me", "main", INPUT_LEN)
     args = gate_params(params, slow.url, HICACHE_ON, baseline=baseline)
@@ -157,9 +158,9 @@ def test_ten_times_slower_prefill_fails_against_its_own_record_through_ansible(
 
 
 @needs_sim
-def test_ten_times_slower_prefill_fails_against_the_fleet_median(start_sim, healthy, healthy_record, probe, params):
+def test_ten_times_slower_prefill_fails_against_the_fleet_median(start_sim, healthy, healthy_record, params):
     # two other hosts validated at this prompt length (the healthy server probed again), one longer
-    again = probe_once(probe, gate_params(params, healthy.url, HICACHE_ON))
+    again = probe_once(gate_params(params, healthy.url, HICACHE_ON))
     assert again["gate"]["passed"], again["gate"]["reasons"]
     hostvars = {"gt-1": {"_rollout_gate_fleet_record": healthy_record},
                 "gt-3": {"_rollout_gate_fleet_record": record_of(again)}}
@@ -167,7 +168,7 @@ def test_ten_times_slower_prefill_fails_against_the_fleet_median(start_sim, heal
                                              INPUT_LEN)
     assert baseline["source"] == "the fleet median of 2 validated hosts (gt-1, gt-3)"
     slow = start_sim(SEED_ARGS + HICACHE_ARGS, SGLANG_SIM_FAULT="slow_prefill", **DEMO_SCALE)
-    result = probe_once(probe, gate_params(params, slow.url, HICACHE_ON, baseline=baseline))
+    result = probe_once(gate_params(params, slow.url, HICACHE_ON, baseline=baseline))
     reasons = result["gate"]["reasons"]
     assert not result["gate"]["passed"]
     assert any(r.startswith("cold TTFT") and "× the fleet median of 2 validated hosts (gt-1, gt-3)" in r
@@ -175,10 +176,10 @@ def test_ten_times_slower_prefill_fails_against_the_fleet_median(start_sim, heal
 
 
 @needs_sim
-def test_hicache_off_is_gated_on_the_device_tier(start_sim, healthy_record, probe, params):
+def test_hicache_off_is_gated_on_the_device_tier(start_sim, healthy_record, params):
     off = start_sim(SEED_ARGS, **DEMO_SCALE)  # the same launch without the HiCache args
     baseline = filters.rollout_gate_baseline(healthy_record, {}, ["me"], "me", "main", INPUT_LEN)
-    result = probe_once(probe, gate_params(params, off.url, HICACHE_OFF, baseline=baseline))
+    result = probe_once(gate_params(params, off.url, HICACHE_OFF, baseline=baseline))
     assert result["gate"]["passed"], result["gate"]["reasons"]
     assert list(result["warm"]) == ["device"]
     assert result["server"]["enable_hierarchical_cache"] is False
@@ -188,6 +189,6 @@ def test_hicache_off_is_gated_on_the_device_tier(start_sim, healthy_record, prob
     # an explicit tier is an override: host on a server without HiCache fails, naming the tier
     forced = gate_params(params, off.url, HICACHE_OFF, input_len=16000,
                          tier=filters.rollout_gate_tier(HICACHE_OFF, "host"))
-    failed = probe_once(probe, forced)
+    failed = probe_once(forced)
     assert not failed["gate"]["passed"]
     assert any("without --enable-hierarchical-cache" in r for r in failed["gate"]["reasons"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from ansible.module_utils.sglang_probe_client import ConnectError, ProbeError, SGLangClient, generate_body, generate_ids
 from sim_server import HICACHE_ARGS, SEED_ARGS, SimServer, probe_once, sim_available
 
 pytestmark = pytest.mark.skipif(not sim_available(), reason="the simulator (sim/sglang_sim) is not in this tree")
@@ -70,9 +71,9 @@ def test_hicache_off_host_tier_fails_with_reasons_through_ansible(start_sim, ans
     assert all("(host)" in reason for reason in result["gate"]["reasons"])
 
 
-def test_check_mode_sends_nothing_to_the_simulator(hicache_sim, probe, ansible_run):
-    client = probe.SGLangClient(hicache_sim.url)
-    client.stream_generate(probe.generate_body(probe.generate_ids(3000, 1000, 7), 1, 0.0))
+def test_check_mode_sends_nothing_to_the_simulator(hicache_sim, ansible_run):
+    client = SGLangClient(hicache_sim.url)
+    client.stream_generate(generate_body(generate_ids(3000, 1000, 7), 1, 0.0))
     before = sim_snapshot(hicache_sim.url)
     assert before["device_used_tokens"] > 0
     result = ansible_run({"url": hicache_sim.url}, check=True)
@@ -84,51 +85,51 @@ def test_check_mode_sends_nothing_to_the_simulator(hicache_sim, probe, ansible_r
     assert after["cached_blocks"] == before["cached_blocks"]
 
 
-def test_host_tier_ignored_by_the_server(start_sim, probe, params):
+def test_host_tier_ignored_by_the_server(start_sim, params):
     sim = start_sim(SEED_ARGS + HICACHE_ARGS, SGLANG_SIM_FAULT="ignore_host_tier")
-    result = probe_once(probe, params(url=sim.url, input_len=16000, tier="host", request_timeout=60))
+    result = probe_once(params(url=sim.url, input_len=16000, tier="host", request_timeout=60))
     assert not result["gate"]["passed"]
     text = " ".join(result["gate"]["reasons"])
     assert "HiCache is on but the prefix did not come back from host memory" in text
 
 
-def test_generate_500(start_sim, probe, params):
+def test_generate_500(start_sim, params):
     sim = start_sim(SEED_ARGS, SGLANG_SIM_FAULT="generate_500")
-    with pytest.raises(probe.ProbeError, match=r"/generate answered HTTP 500 .*generate_500"):
-        probe_once(probe, params(url=sim.url))
+    with pytest.raises(ProbeError, match=r"/generate answered HTTP 500 .*generate_500"):
+        probe_once(params(url=sim.url))
 
 
-def test_cut_stream(start_sim, probe, params):
+def test_cut_stream(start_sim, params):
     sim = start_sim(SEED_ARGS, SGLANG_SIM_FAULT="cut_stream")
-    with pytest.raises(probe.ProbeError, match=r"was cut after .* closed the connection mid-way"):
-        probe_once(probe, params(url=sim.url, cold_output_len=8))
+    with pytest.raises(ProbeError, match=r"was cut after .* closed the connection mid-way"):
+        probe_once(params(url=sim.url, cold_output_len=8))
 
 
-def test_never_healthy(start_sim, probe, params):
+def test_never_healthy(start_sim, params):
     sim = start_sim(SEED_ARGS, SGLANG_SIM_FAULT="never_healthy")
-    with pytest.raises(probe.ProbeError, match=r"did not become healthy within ready_timeout 1 s.*HTTP 503"):
-        probe_once(probe, params(url=sim.url, ready_timeout=1.0))
+    with pytest.raises(ProbeError, match=r"did not become healthy within ready_timeout 1 s.*HTTP 503"):
+        probe_once(params(url=sim.url, ready_timeout=1.0))
 
 
-def test_startup_exit_reads_as_connection_refused(start_sim, probe, params):
+def test_startup_exit_reads_as_connection_refused(start_sim, params):
     sim = start_sim(SEED_ARGS, wait=False, SGLANG_SIM_FAULT="startup_exit")
     assert sim.proc.wait(timeout=20) != 0
-    with pytest.raises(probe.ConnectError, match="connection refused"):
-        probe_once(probe, params(url=sim.url, ready_timeout=0.5))
+    with pytest.raises(ConnectError, match="connection refused"):
+        probe_once(params(url=sim.url, ready_timeout=0.5))
 
 
-def test_api_key(start_sim, probe, params):
+def test_api_key(start_sim, params):
     sim = start_sim([*SEED_ARGS, "--api-key", "s3cret"])
-    with pytest.raises(probe.ProbeError, match="requires an API key"):
-        probe_once(probe, params(url=sim.url))
-    result = probe_once(probe, params(url=sim.url, api_key="s3cret", tier="device", input_len=16000))
+    with pytest.raises(ProbeError, match="requires an API key"):
+        probe_once(params(url=sim.url))
+    result = probe_once(params(url=sim.url, api_key="s3cret", tier="device", input_len=16000))
     assert result["warm"]["device"]["median_cached_tokens"] == 15999
 
 
-def test_baseline_holds_a_slower_host_to_its_past(hicache_sim, start_sim, probe, params):
-    base = probe_once(probe, params(url=hicache_sim.url, input_len=16000, tier="device", request_timeout=60))
+def test_baseline_holds_a_slower_host_to_its_past(hicache_sim, start_sim, params):
+    base = probe_once(params(url=hicache_sim.url, input_len=16000, tier="device", request_timeout=60))
     slow = start_sim(SEED_ARGS + HICACHE_ARGS, SGLANG_SIM_FAULT="slow_prefill")
-    result = probe_once(probe, params(url=slow.url, input_len=16000, tier="device", request_timeout=60,
+    result = probe_once(params(url=slow.url, input_len=16000, tier="device", request_timeout=60,
                                       baseline=base, max_regression=0.5))
     reasons = result["gate"]["reasons"]
     assert any(r.startswith("cold TTFT") and "× the baseline (" in r and "max_regression 0.5" in r

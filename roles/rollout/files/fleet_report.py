@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,23 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
     return "\n".join(lines) + "\n"
 
 
+LOG_AXIS_SPAN = 10.0  # bars further apart than this (longest / shortest) get a log axis
+
+
+def chart_axis(values: list[float | None]) -> tuple[str, float, float]:
+    """("linear" or "log", left limit, right limit) in seconds for bars of these TTFTs (ms).
+
+    A warm read 60x shorter than the cold one is a sliver on a linear axis; past LOG_AXIS_SPAN the
+    axis is logarithmic, so every bar is long enough to see and to carry its figure."""
+    shown = [v / 1000 for v in values if v is not None and v > 0]
+    top = max(shown, default=1.0)
+    low = min(shown, default=top)
+    if top / low < LOG_AXIS_SPAN:
+        return "linear", 0.0, top * 1.25
+    left = 10 ** math.floor(math.log10(low / 2))
+    return "log", left, top * 4
+
+
 def ttft_chart(
     path: Path,
     title: str,
@@ -126,7 +144,8 @@ def ttft_chart(
     colours: dict[str, str] | None = None,
 ) -> None:
     """Grouped horizontal bars of TTFT in seconds per label; each bar carries its figure.
-    A series takes its colour from `colours` by the first word of its name."""
+    A series takes its colour from `colours` by the first word of its name. The axis turns
+    logarithmic when the bars differ more than LOG_AXIS_SPAN times (chart_axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,20 +155,22 @@ def ttft_chart(
     n_series = max(len(series), 1)
     height = 0.8 / n_series
     fig, ax = plt.subplots(figsize=(8, 1.8 + 0.6 * len(labels) * n_series))
-    top = max((v for values in series.values() for v in values if v is not None), default=1.0)
+    scale, left, right = chart_axis([v for values in series.values() for v in values])
     for index, (name, values) in enumerate(series.items()):
         ys = [i + index * height for i in range(len(labels))]
-        widths = [(v or 0.0) / 1000 for v in values]
+        ends = [max((v or 0.0) / 1000, left) for v in values]
         colour = colours.get(name.split()[0], None)
-        bars = ax.barh(ys, widths, height=height * 0.9, label=name, color=colour)
-        for bar, value in zip(bars, values, strict=True):
+        bars = ax.barh(ys, [end - left for end in ends], left=left, height=height * 0.9, label=name, color=colour)
+        for bar, end, value in zip(bars, ends, values, strict=True):
             text = "n/a" if value is None else _ms(value)
-            ax.text(bar.get_width() + top / 1000 * 0.01, bar.get_y() + bar.get_height() / 2, " " + text,
-                    va="center", fontsize=9)
+            x = end * 1.05 if scale == "log" else end + right * 0.008
+            ax.text(x, bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=9)
     ax.set_yticks([i + height * (n_series - 1) / 2 for i in range(len(labels))], labels)
     ax.invert_yaxis()
-    ax.set_xlabel("time to first token, seconds (shorter is better)")
-    ax.set_xlim(0, top / 1000 * 1.25)
+    ax.set_xscale(scale)
+    ax.set_xlabel("time to first token, seconds, "
+                  + ("log scale (each step is 10x) " if scale == "log" else "") + "(shorter is better)")
+    ax.set_xlim(left, right)
     ax.set_title(title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=n_series, frameon=False)
     ax.grid(axis="x", alpha=0.3)

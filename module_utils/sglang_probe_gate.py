@@ -1,0 +1,178 @@
+# hicache-fleet: the gate of the cold/warm TTFT probe: thresholds and baselines.
+# Plain functions, unit-tested in tests/probe; the module library/sglang_cache_probe.py uses them.
+# Runs on the managed host with its system Python: standard library and ansible.module_utils only.
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ansible.module_utils.common.validation import check_type_path
+from ansible.module_utils.sglang_probe_client import ProbeError
+
+
+def round_down_to_page(tokens: float, page_size: int) -> int:
+    page = max(int(page_size or 1), 1)
+    return math.floor(tokens / page) * page
+
+
+def required_cached_tokens(fraction: float, input_len: int, page_size: int) -> int:
+    """Cached tokens a warm hit must show: fraction x input_len rounded down to whole pages, capped
+    at what a server can cache at all (the last prompt token is always recomputed)."""
+    wanted = round_down_to_page(fraction * input_len, page_size)
+    cacheable = round_down_to_page(max(input_len - 1, 0), page_size)
+    return max(min(wanted, cacheable), 0)
+
+
+def load_baseline(baseline: Any) -> dict | None:
+    """A baseline as a dict: a registered result, a report record, or a path to a report JSON."""
+    if baseline is None or baseline == "" or baseline == {}:
+        return None
+    if isinstance(baseline, str):
+        text = baseline.strip()
+        if text.startswith("{"):
+            source = "the baseline string"
+        else:
+            source = baseline
+            try:
+                with open(check_type_path(baseline), encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError as exc:
+                raise ProbeError(
+                    f"cannot read baseline file {baseline}: {exc.strerror}; pass the report_path of an "
+                    "earlier run or its registered result."
+                ) from exc
+        try:
+            baseline = json.loads(text)
+        except ValueError as exc:
+            raise ProbeError(f"{source} is not valid JSON ({exc}).") from exc
+    if not isinstance(baseline, dict):
+        raise ProbeError(
+            "baseline must be a dict (an earlier result of this module or its report JSON) or the path "
+            "of a report JSON file."
+        )
+    cold = baseline.get("cold")
+    if not isinstance(cold, dict) or not isinstance(cold.get("median_ttft_ms"), (int, float)):
+        raise ProbeError(
+            "baseline has no cold.median_ttft_ms: pass the registered result of an earlier "
+            "sglang_cache_probe run or the JSON it wrote to report_path."
+        )
+    return baseline
+
+
+def baseline_input_len(baseline: dict) -> int | None:
+    """The prompt length a baseline was measured with (a rollout record, a report or a result)."""
+    for value in (baseline.get("input_len"), baseline.get("random_input_len"),
+                  (baseline.get("cold") or {}).get("random_input_len"),
+                  (baseline.get("plan") or {}).get("input_len")):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def comparable_baseline(baseline: dict, input_len: int) -> dict:
+    """The baseline's median TTFTs (ms) as expected at input_len, and what could not be compared.
+
+    Same prompt length (or unknown): every figure. Longer: the cold TTFT scaled by
+    input_len / base_len (the prefill cost per token grows with the prompt, so where prefill
+    dominates the TTFT the scaled figure overstates what a healthy server takes), warm figures left
+    out (a warm hit's time is mostly not proportional to the prompt). Shorter: nothing (scaling up
+    would understate it)."""
+    source = baseline.get("source") if isinstance(baseline.get("source"), str) else "the baseline"
+    base_len = baseline_input_len(baseline)
+    out: dict = {"source": source, "input_len": base_len, "scale": 1.0, "cold_ms": None, "warm_ms": {},
+                 "note": None}
+    cold_ms = (baseline.get("cold") or {}).get("median_ttft_ms")
+    warm = {tier: (case or {}).get("median_ttft_ms") for tier, case in (baseline.get("warm") or {}).items()
+            if isinstance(case, dict)}
+    warm = {tier: ms for tier, ms in warm.items() if isinstance(ms, (int, float)) and ms > 0}
+    if base_len is None or base_len == input_len:
+        out["cold_ms"] = cold_ms if isinstance(cold_ms, (int, float)) and cold_ms > 0 else None
+        out["warm_ms"] = warm
+    elif base_len > input_len:
+        out["scale"] = round(input_len / base_len, 6)
+        if isinstance(cold_ms, (int, float)) and cold_ms > 0:
+            out["cold_ms"] = round(cold_ms * input_len / base_len, 3)
+        out["note"] = (f"{source} was measured with input_len {base_len}: its cold TTFT is scaled to "
+                       f"{input_len} tokens, its warm TTFTs are not compared")
+    else:
+        out["note"] = (f"{source} was measured with input_len {base_len}, shorter than this run's "
+                       f"{input_len}: not compared")
+    return out
+
+
+def _duration(ms: float) -> str:
+    return f"{ms / 1000.0:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
+
+
+def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
+    """Every check with its figure; reasons lists the violated ones, one sentence each."""
+    checks: list[dict] = []
+    input_len = p["input_len"]
+    page = (result.get("server") or {}).get("page_size") or 1
+    cold = result.get("cold") or {}
+    server = result.get("server") or {}
+
+    def check(name: str, ok: bool, value: Any, limit: Any, reason: str) -> None:
+        checks.append({"name": name, "passed": ok, "value": value, "limit": limit,
+                       "reason": None if ok else reason})
+
+    for tier, case in (result.get("warm") or {}).items():
+        warm_ms = case.get("median_ttft_ms")
+        if p.get("max_warm_ttft_s") is not None and warm_ms is not None:
+            limit = p["max_warm_ttft_s"]
+            check(f"{tier}.max_warm_ttft_s", warm_ms / 1000.0 <= limit, round(warm_ms / 1000.0, 4),
+                  limit, f"warm ({tier}) median TTFT {warm_ms / 1000.0:.3f} s > max_warm_ttft_s {limit:g} s")
+        ratio = case.get("warm_cold_ratio")
+        if p.get("max_warm_cold_ratio") is not None and ratio is not None:
+            limit = p["max_warm_cold_ratio"]
+            check(f"{tier}.max_warm_cold_ratio", ratio <= limit, ratio, limit,
+                  f"warm ({tier}) / cold TTFT ratio {ratio:.4f} > max_warm_cold_ratio {limit:g} "
+                  f"(warm {warm_ms:.1f} ms, cold {cold.get('median_ttft_ms'):.1f} ms)")
+        if p.get("min_cached_fraction") is not None:
+            need = required_cached_tokens(p["min_cached_fraction"], input_len, page)
+            got = case.get("median_cached_tokens") or 0
+            hint = ""
+            if got == 0 and tier == "host" and not server.get("enable_hierarchical_cache"):
+                hint = "; the server runs without --enable-hierarchical-cache"
+            check(f"{tier}.min_cached_fraction", got >= need, got, need,
+                  f"warm ({tier}) cached tokens {got} < {need} required (min_cached_fraction "
+                  f"{p['min_cached_fraction']:g} of input_len {input_len}, page size {page}){hint}")
+        if tier == "host" and p.get("min_host_cached_fraction") is not None:
+            need = required_cached_tokens(p["min_host_cached_fraction"], input_len, page)
+            got = case.get("median_host_cached_tokens") or 0
+            if server.get("enable_hierarchical_cache"):
+                hint = ("; HiCache is on but the prefix did not come back from host memory (host pool too "
+                        "small, or evicted from it by the fillers: lower filler_factor or raise --hicache-size)")
+            else:
+                hint = "; the server runs without --enable-hierarchical-cache, so it has no host tier"
+            check("host.min_host_cached_fraction", got >= need, got, need,
+                  f"warm (host) host-cached tokens {got} < {need} required (min_host_cached_fraction "
+                  f"{p['min_host_cached_fraction']:g} of input_len {input_len}){hint}")
+
+    compared = None
+    if baseline is not None:
+        compared = comparable_baseline(baseline, input_len)
+        regression = float(p.get("max_regression") or 0.0)
+        slack = float(p.get("regression_slack_ms") or 0.0)
+        pairs = [("cold", "cold", cold, compared["cold_ms"])]
+        for tier, case in (result.get("warm") or {}).items():
+            pairs.append((tier, f"warm ({tier})", case, compared["warm_ms"].get(tier)))
+        scaled = (f" scaled from {compared['input_len']} to {input_len} tokens"
+                  if compared["scale"] != 1.0 else "")
+        for name, label, case, base_ms in pairs:
+            now_ms = case.get("median_ttft_ms")
+            if not isinstance(now_ms, (int, float)) or base_ms is None:
+                continue
+            limit = round(base_ms * (1.0 + regression) + slack, 3)
+            check(f"{name}.max_regression", now_ms <= limit, now_ms, limit,
+                  f"{label} TTFT {_duration(now_ms)} is {now_ms / base_ms:.1f}× {compared['source']} "
+                  f"({_duration(base_ms)}{scaled}); the limit is {_duration(limit)} (max_regression "
+                  f"{regression:g}, regression_slack_ms {slack:g})")
+
+    reasons = [c["reason"] for c in checks if not c["passed"]]
+    gate = {"enabled": bool(p.get("gate", True)), "passed": not reasons, "reasons": reasons, "checks": checks}
+    if compared is not None:
+        gate["baseline"] = compared
+    return gate

@@ -1,0 +1,418 @@
+# hicache-fleet: measurement and statistics of the cold/warm TTFT probe.
+# Plain functions, unit-tested in tests/probe; the module library/sglang_cache_probe.py uses them.
+# Runs on the managed host with its system Python: standard library and ansible.module_utils only.
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+from ansible.module_utils.sglang_probe_client import (
+    MissingAccounting,
+    ProbeError,
+    SGLangClient,
+    flush_cache,
+    generate_body,
+    generate_ids,
+    wait_until_healthy,
+)
+
+DEFAULT_VOCAB_SIZE = 32000
+TIERS = ("device", "host")
+MAX_FILLERS = 512
+
+
+def median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+# The module's options (library/sglang_cache_probe.py documents each).
+ARGUMENT_SPEC = {
+    "url": {"type": "str", "default": "http://127.0.0.1:30000"},
+    "api_key": {"type": "str", "no_log": True},
+    "input_len": {"type": "int", "default": 128000},
+    "cold_output_len": {"type": "int", "default": 512},
+    "warm_output_len": {"type": "int", "default": 16},
+    "seed": {"type": "int", "default": 42},
+    "repeats": {"type": "int", "default": 3},
+    "temperature": {"type": "float", "default": 0.0},
+    "tier": {"type": "str", "default": "both", "choices": ["device", "host", "both"]},
+    "vocab_size": {"type": "int"},
+    "filler_factor": {"type": "float", "default": 1.0},
+    "ready_timeout": {"type": "float", "default": 900.0},
+    "flush_timeout": {"type": "float", "default": 120.0},
+    "request_timeout": {"type": "float", "default": 900.0},
+    "max_warm_ttft_s": {"type": "float"},
+    "max_warm_cold_ratio": {"type": "float", "default": 0.2},
+    "min_cached_fraction": {"type": "float", "default": 0.9},
+    "min_host_cached_fraction": {"type": "float", "default": 0.8},
+    "baseline": {"type": "raw"},
+    "max_regression": {"type": "float", "default": 0.25},
+    "regression_slack_ms": {"type": "float", "default": 0.0},
+    "gate": {"type": "bool", "default": True},
+    "report_path": {"type": "path"},
+    "progress_path": {"type": "path"},
+    "lock_path": {"type": "path"},
+    "lock_timeout": {"type": "float", "default": 3600.0},
+}
+
+
+def validate_params(p: dict) -> list[str]:
+    """Every option combination that makes no sense, one sentence each."""
+    errors = []
+    for name in ("input_len", "cold_output_len", "warm_output_len", "repeats"):
+        if p.get(name) is not None and p[name] < 1:
+            errors.append(f"{name} must be at least 1 (got {p[name]}).")
+    for name in ("ready_timeout", "flush_timeout", "request_timeout", "filler_factor", "lock_timeout"):
+        if p.get(name) is not None and p[name] <= 0:
+            errors.append(f"{name} must be greater than 0 (got {p[name]}).")
+    if p.get("vocab_size") is not None and p["vocab_size"] < 2:
+        errors.append(f"vocab_size must be at least 2 (got {p['vocab_size']}).")
+    if p.get("temperature") is not None and p["temperature"] < 0:
+        errors.append(f"temperature must be >= 0 (got {p['temperature']}).")
+    if p.get("max_warm_ttft_s") is not None and p["max_warm_ttft_s"] <= 0:
+        errors.append(f"max_warm_ttft_s must be greater than 0 seconds (got {p['max_warm_ttft_s']}).")
+    if p.get("max_warm_cold_ratio") is not None and p["max_warm_cold_ratio"] <= 0:
+        errors.append(
+            f"max_warm_cold_ratio must be greater than 0 (got {p['max_warm_cold_ratio']}); a warm "
+            "request cannot take less than no time. Use e.g. 0.2 (warm at most a fifth of cold)."
+        )
+    for name in ("min_cached_fraction", "min_host_cached_fraction"):
+        value = p.get(name)
+        if value is not None and not 0 <= value <= 1:
+            errors.append(
+                f"{name} must be between 0 and 1 (got {value}); it is a fraction of input_len."
+            )
+    if p.get("max_regression") is not None and p["max_regression"] < 0:
+        errors.append(f"max_regression must be >= 0 (got {p['max_regression']}).")
+    if p.get("regression_slack_ms") is not None and p["regression_slack_ms"] < 0:
+        errors.append(f"regression_slack_ms must be >= 0 (got {p['regression_slack_ms']}).")
+    return errors
+
+
+def tiers_of(tier: str) -> list[str]:
+    return list(TIERS) if tier == "both" else [tier]
+
+
+def filler_lengths(
+    capacity: int, input_len: int, factor: float, max_input_len: int | None = None
+) -> list[int]:
+    """Token counts of the filler requests that push a prefix out of a device pool of `capacity`."""
+    if not capacity or capacity < 1:
+        raise ProbeError(
+            "the server does not report its device KV capacity (max_total_num_tokens in "
+            "/get_server_info), so the fillers for tier host cannot be sized; use tier device."
+        )
+    per_request = input_len
+    if max_input_len:
+        per_request = min(per_request, int(max_input_len) - 1)
+    per_request = max(per_request, 1)
+    total = math.ceil(capacity * factor)
+    count = math.ceil(total / per_request)
+    if count > MAX_FILLERS:
+        raise ProbeError(
+            f"pushing {total} tokens out of the device pool would take {count} filler requests of "
+            f"{per_request} tokens (more than {MAX_FILLERS}); raise input_len or lower filler_factor."
+        )
+    lengths = [per_request] * (count - 1)
+    lengths.append(total - per_request * (count - 1))
+    return lengths
+
+
+def plan_steps(p: dict) -> list[str]:
+    steps = [
+        f"wait up to {p['ready_timeout']:g} s for GET /health_generate to answer 200",
+        "GET /get_server_info and /get_model_info (version, page size, device capacity, HiCache)",
+    ]
+    rnd = [
+        f"POST /flush_cache (retried up to {p['flush_timeout']:g} s while busy)",
+        f"cold: POST /generate {p['input_len']} ids (seed {p['seed']}) -> {p['cold_output_len']} tokens",
+    ]
+    tiers = tiers_of(p["tier"])
+    if "device" in tiers:
+        rnd.append(f"warm device: the same {p['input_len']} ids -> {p['warm_output_len']} tokens")
+    if "host" in tiers:
+        rnd.append(
+            f"fillers: {p['filler_factor']:g} x the device KV capacity (max_total_num_tokens) in "
+            "requests of other random ids -> 1 token each"
+        )
+        rnd.append(f"warm host: the same {p['input_len']} ids -> {p['warm_output_len']} tokens")
+    for i in range(p["repeats"]):
+        steps.extend(f"round {i + 1}: {s}" for s in rnd)
+    if p.get("report_path"):
+        steps.append(f"write the JSON record to {p['report_path']}")
+    return steps
+
+
+def extract_server_facts(server_info: dict, model_info: dict) -> dict:
+    """What the probe needs from /get_server_info and /get_model_info."""
+    server_info = server_info if isinstance(server_info, dict) else {}
+    model_info = model_info if isinstance(model_info, dict) else {}
+    capacity = server_info.get("max_total_num_tokens")
+    states = server_info.get("internal_states")
+    if not capacity and isinstance(states, list) and states and isinstance(states[0], dict):
+        first = states[0]
+        usage = first.get("memory_usage") if isinstance(first.get("memory_usage"), dict) else {}
+        capacity = first.get("max_total_num_tokens") or usage.get("token_capacity")
+    hicache_args = {
+        k: v
+        for k, v in sorted(server_info.items())
+        if k.startswith("hicache_") and (v is None or isinstance(v, (str, int, float, bool)))
+    }
+    page_size = server_info.get("page_size")
+    return {
+        "version": server_info.get("version"),
+        "model_path": model_info.get("model_path") or server_info.get("model_path"),
+        "served_model_name": model_info.get("served_model_name")
+        or server_info.get("served_model_name"),
+        "page_size": int(page_size) if isinstance(page_size, int) and page_size > 0 else 1,
+        "max_total_num_tokens": int(capacity) if isinstance(capacity, (int, float)) else None,
+        "max_req_input_len": server_info.get("max_req_input_len"),
+        "context_length": server_info.get("context_length"),
+        "enable_hierarchical_cache": bool(server_info.get("enable_hierarchical_cache")),
+        "enable_cache_report": server_info.get("enable_cache_report"),
+        "hicache_args": hicache_args,
+        "vocab_size_reported": model_info.get("vocab_size") or server_info.get("vocab_size"),
+    }
+
+
+def vocab_from_config(model_path: str | None) -> int | None:
+    """vocab_size from the model directory's config.json on this host, if it is readable."""
+    if not model_path or not os.path.isdir(model_path):
+        return None
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    for holder in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        if isinstance(holder, dict) and isinstance(holder.get("vocab_size"), int):
+            return holder["vocab_size"]
+    return None
+
+
+def resolve_vocab_size(option: int | None, facts: dict) -> tuple[int, str]:
+    if option:
+        return int(option), "option vocab_size"
+    reported = facts.get("vocab_size_reported")
+    if isinstance(reported, int) and reported > 1:
+        return reported, "server model info"
+    from_config = vocab_from_config(facts.get("model_path"))
+    if from_config:
+        return from_config, "config.json in the model directory"
+    return DEFAULT_VOCAB_SIZE, f"default {DEFAULT_VOCAB_SIZE} (valid for nearly every model)"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def summarize_case(runs: list[dict], input_len: int, output_len: int) -> dict:
+    """One case (cold or a warm tier) in SGLang benchmark key names, medians over the runs."""
+    ttfts = [r["ttft_s"] for r in runs]
+    e2es = [r["e2e_s"] for r in runs]
+    prompts = [r.get("prompt_tokens") or input_len for r in runs]
+    throughputs = [p / e for p, e in zip(prompts, e2es, strict=False) if e and e > 0]
+    tpots = [
+        (r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1)
+        for r in runs
+        if (r.get("completion_tokens") or 0) > 1
+    ]
+    cached = [r["cached_tokens"] for r in runs]
+    hosts = [r["host_cached_tokens"] for r in runs]
+    devices = [r["device_cached_tokens"] for r in runs]
+    storage = sum(r.get("storage_cached_tokens") or 0 for r in runs)
+    total_prompt = sum(prompts)
+    total_cached = sum(cached)
+    med_cached = median(cached)
+    med_host = median(hosts)
+    return {
+        "completed": len(runs),
+        "random_input_len": input_len,
+        "random_output_len": output_len,
+        "total_input_tokens": total_prompt,
+        "total_output_tokens": sum(r.get("completion_tokens") or 0 for r in runs),
+        "median_ttft_ms": _ms(median(ttfts)),
+        "mean_ttft_ms": _ms(mean(ttfts)),
+        "ttfts_ms": [_ms(t) for t in ttfts],
+        "median_e2e_latency_ms": _ms(median(e2es)),
+        "mean_e2e_latency_ms": _ms(mean(e2es)),
+        "e2e_latencies_ms": [_ms(e) for e in e2es],
+        "input_throughput": _r(median(throughputs), 2),
+        "median_tpot_ms": _ms(median(tpots)),
+        "median_cached_tokens": None if med_cached is None else int(med_cached),
+        "median_device_cached_tokens": None if not devices else int(median(devices)),
+        "median_host_cached_tokens": None if med_host is None else int(med_host),
+        "cached_fraction": None if med_cached is None else _r(med_cached / input_len, 4),
+        "host_cached_fraction": None if med_host is None else _r(med_host / input_len, 4),
+        "cache_report": {
+            "total_prompt_tokens": total_prompt,
+            "total_cached_tokens": total_cached,
+            "cache_hit_rate_pct": round(total_cached / total_prompt * 100, 2) if total_prompt else 0.0,
+            "device_cached_tokens": sum(devices),
+            "host_cached_tokens": sum(hosts),
+            "storage_cached_tokens": storage or None,
+        },
+        "runs": [
+            {
+                "ttft_ms": _ms(r["ttft_s"]),
+                "e2e_latency_ms": _ms(r["e2e_s"]),
+                "prompt_tokens": r.get("prompt_tokens"),
+                "completion_tokens": r.get("completion_tokens"),
+                "cached_tokens": r["cached_tokens"],
+                "device_cached_tokens": r["device_cached_tokens"],
+                "host_cached_tokens": r["host_cached_tokens"],
+            }
+            for r in runs
+        ],
+    }
+
+
+def add_warm_ratios(warm: dict, cold: dict) -> None:
+    cold_ms = cold.get("median_ttft_ms")
+    for case in warm.values():
+        warm_ms = case.get("median_ttft_ms")
+        if cold_ms and warm_ms is not None:
+            case["warm_cold_ratio"] = round(warm_ms / cold_ms, 5)
+            case["speedup"] = round(cold_ms / warm_ms, 2) if warm_ms > 0 else None
+        else:
+            case["warm_cold_ratio"] = None
+            case["speedup"] = None
+
+
+def missing_accounting_message(client: SGLangClient, facts: dict) -> str:
+    flag = facts.get("enable_cache_report")
+    state = ("its /get_server_info says enable_cache_report is false" if flag is False
+             else "it does not report enable_cache_report" if flag is None
+             else "although it reports enable_cache_report true")
+    return (f"the /generate response of {client.url} carries no meta_info.cached_tokens, so cache hits "
+            f"cannot be verified ({state}): start the server with --enable-cache-report, or point url at "
+            "an SGLang server (the endpoint may be something else).")
+
+
+def _no_round(number: int, total: int, runs: dict) -> None:
+    """The default on_round: say nothing."""
+
+
+def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict], None] = _no_round) -> dict:
+    """The whole measurement; returns the result dict (without the gate).
+
+    After each round, on_round(round number, rounds, {"cold": run, "device": run, "host": run}) gets
+    that round's runs (the tiers measured), e.g. to write progress while a long probe runs."""
+    result: dict = {}
+    waited = wait_until_healthy(client, p["ready_timeout"])
+    server_info = client.get_json(("/get_server_info", "/server_info"))
+    model_info = client.get_json(("/get_model_info", "/model_info"))
+    facts = extract_server_facts(server_info, model_info)
+    vocab, vocab_source = resolve_vocab_size(p.get("vocab_size"), facts)
+    facts.pop("vocab_size_reported", None)
+    facts["vocab_size"] = vocab
+    facts["vocab_size_source"] = vocab_source
+    facts["waited_for_health_s"] = round(waited, 3)
+    result["server"] = facts
+    limit = facts.get("max_req_input_len")
+    if isinstance(limit, int) and limit > 0 and p["input_len"] > limit:
+        raise ProbeError(f"input_len {p['input_len']} exceeds the server's max_req_input_len {limit}; lower "
+                         "input_len or raise the server's --context-length.")
+    tiers = tiers_of(p["tier"])
+    fillers: list[int] = []
+    if "host" in tiers:
+        fillers = filler_lengths(facts.get("max_total_num_tokens") or 0, p["input_len"], p["filler_factor"],
+                                 limit if isinstance(limit, int) else None)
+        result["fillers"] = {"count": len(fillers), "tokens": fillers, "total_tokens": sum(fillers),
+                             "device_capacity_tokens": facts.get("max_total_num_tokens")}
+
+    ids = generate_ids(p["input_len"], vocab, p["seed"])
+    cold_body = generate_body(ids, p["cold_output_len"], p["temperature"])
+    warm_body = generate_body(ids, p["warm_output_len"], p["temperature"])
+    del ids
+
+    def timed(body: bytes) -> dict:
+        try:
+            return client.stream_generate(body)
+        except MissingAccounting:
+            raise ProbeError(missing_accounting_message(client, facts)) from None
+
+    cold_runs: list[dict] = []
+    warm_runs: dict[str, list[dict]] = {t: [] for t in tiers}
+    for i in range(p["repeats"]):
+        flush_cache(client, p["flush_timeout"])
+        runs = {"cold": timed(cold_body)}
+        if "device" in tiers:
+            runs["device"] = timed(warm_body)
+        if "host" in tiers:
+            for j, n in enumerate(fillers):
+                body = generate_body(generate_ids(n, vocab, f"{p['seed']}:filler:{j}"), 1, p["temperature"])
+                client.stream_generate(body, need_accounting=False)
+            runs["host"] = timed(warm_body)
+        cold_runs.append(runs["cold"])
+        for tier in tiers:
+            warm_runs[tier].append(runs[tier])
+        on_round(i + 1, p["repeats"], runs)
+    result["cold"] = summarize_case(cold_runs, p["input_len"], p["cold_output_len"])
+    result["warm"] = {t: summarize_case(warm_runs[t], p["input_len"], p["warm_output_len"]) for t in tiers}
+    add_warm_ratios(result["warm"], result["cold"])
+    result["requests_sent"] = client.requests_sent
+    return result
+
+
+LOCK_POLL_S = 1.0
+
+
+class HostLock:
+    """An exclusive lock on a file (none without a path), taken before measuring so that probes
+    started together on one host (async, one per instance) measure one after another; waits at most
+    `timeout` seconds."""
+
+    def __init__(self, path: str | None, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.clock = clock
+        self.waited_s = 0.0
+        self._fh = None
+
+    def __enter__(self) -> HostLock:
+        if not self.path:
+            return self
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise ProbeError(f"cannot open lock_path {self.path}: {exc.strerror or exc}; choose a writable "
+                             "path.") from exc
+        start = self.clock()
+        for _attempt in range(int(self.timeout / LOCK_POLL_S) + 2):
+            try:
+                fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if self.clock() - start >= self.timeout:
+                    break
+                time.sleep(LOCK_POLL_S)
+                continue
+            self.waited_s = round(self.clock() - start, 3)
+            return self
+        self._fh.close()
+        self._fh = None
+        raise ProbeError(f"another probe held lock_path {self.path} for lock_timeout {self.timeout:g} s; wait "
+                         "for it to finish or raise lock_timeout.")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fh is not None:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
