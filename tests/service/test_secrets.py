@@ -25,20 +25,17 @@ ROOT = Path(__file__).resolve().parents[2]
 filters = load("roles/sglang_service/filter_plugins/sglang_service.py", "sglang_service_filters_secrets")
 KEY, ADMIN, OTHER = "k-fleet-Z81q", "k-admin-Q7w2", "k-own-M3x9"
 
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role:
-        name: sglang_service
-        tasks_from: plan.yml
-    - ansible.builtin.copy:
-        content: "{{ {'plan': _sglang_service_plan, 'env': _sglang_service_env_contents,
-                      'secrets': _sglang_service_secret_contents} | to_json }}"
-        dest: "{{ out }}/plan.json"
-        mode: "0600"
-"""
+# The plan with its env and secrets contents, written out for the assertions.
+PLAYBOOK = json.dumps([{
+    "hosts": "localhost", "connection": "local", "gather_facts": False,
+    "tasks": [
+        {"ansible.builtin.include_role": {"name": "sglang_service", "tasks_from": "plan.yml"}},
+        {"ansible.builtin.copy": {
+            "content": "{{ {'plan': _sglang_service_plan, 'env': _sglang_service_env_contents,"
+                       " 'secrets': _sglang_service_secret_contents} | to_json }}",
+            "dest": "{{ out }}/plan.json", "mode": "0600"}},
+    ],
+}])
 
 
 STATE = Path("/tmp/hicache-fleet-test-secrets-state")

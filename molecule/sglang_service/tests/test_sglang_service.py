@@ -91,6 +91,13 @@ def main_pid(host, name: str) -> int:
     return int(host.check_output(f"systemctl show -p MainPID --value sglang-{name}.service"))
 
 
+def unit_properties(host, name: str, properties: str) -> dict[str, str]:
+    """`systemctl show -p …` of an instance's unit as a dict (properties: space-separated names)."""
+    listed = " ".join(f"-p {prop}" for prop in properties.split())
+    output = host.check_output(f"systemctl show sglang-{name}.service {listed}")
+    return dict(line.split("=", 1) for line in output.splitlines())
+
+
 def journal(host, name: str) -> str:
     return host.run(f"journalctl -u sglang-{name}.service -n 30 --no-pager").stdout
 
@@ -121,13 +128,9 @@ def test_process_runs_as_the_service_user(host, name):
 
 @pytest.mark.parametrize("name", INSTANCES)
 def test_limits_and_hardening_in_effect(host, name):
-    props = dict(
-        line.split("=", 1)
-        for line in host.check_output(
-            f"systemctl show sglang-{name}.service -p LimitMEMLOCK -p LimitNOFILE -p ProtectSystem "
-            "-p NoNewPrivileges -p PrivateTmp -p ProtectHome -p DevicePolicy -p DeviceAllow "
-            "-p Restart -p StartLimitBurst -p User -p ReadWritePaths -p EnvironmentFiles"
-        ).splitlines()
+    props = unit_properties(
+        host, name, "LimitMEMLOCK LimitNOFILE ProtectSystem NoNewPrivileges PrivateTmp ProtectHome DevicePolicy "
+        "DeviceAllow Restart StartLimitBurst User ReadWritePaths EnvironmentFiles"
     )
     assert props["LimitMEMLOCK"] == "infinity"
     assert props["LimitNOFILE"] == "65536"
@@ -265,12 +268,9 @@ def test_exposure_score_at_most_2_5(host, name):
 
 @pytest.mark.parametrize("name", INSTANCES)
 def test_sandbox_directives_in_effect(host, name):
-    props = dict(
-        line.split("=", 1)
-        for line in host.check_output(
-            f"systemctl show sglang-{name}.service -p SystemCallFilter -p RestrictNamespaces -p ProtectProc "
-            "-p RemoveIPC -p PrivateMounts -p IPAddressDeny -p IPAddressAllow -p SystemCallErrorNumber"
-        ).splitlines()
+    props = unit_properties(
+        host, name, "SystemCallFilter RestrictNamespaces ProtectProc RemoveIPC PrivateMounts IPAddressDeny "
+        "IPAddressAllow SystemCallErrorNumber"
     )
     assert "ioctl" in props["SystemCallFilter"]
     assert "mlock" in props["SystemCallFilter"]
