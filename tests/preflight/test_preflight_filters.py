@@ -123,6 +123,7 @@ def test_profiles_hicache_and_speculative():
     spec = _plan(args={"--model-path": "/m", "--speculative-algorithm": "DFLASH"})
     assert "needs --speculative-draft-model-path" in findings([spec])[0]
     assert findings([_plan(args={"--model-path": "/m", "--speculative-algorithm": "NGRAM"})]) == []
+    assert findings([spec], draft_from_models=True) == []  # the models role provides it later
 
 
 def test_tp_size_against_visible_devices_and_gpus_found():

@@ -323,9 +323,10 @@ def service_findings(
 ) -> list[str]:
     """Every check of the rendered sglang_service plan that needs no host access.
 
-    settings: profiles (names), ranges, draft_free_algorithms, environment (the fleet's, merged
-    before each instance's), gpus (GPU agents found, or None), probe ({input_len, input_len_canary,
-    output_len}).
+    settings: profiles (names), ranges, draft_free_algorithms, draft_from_models (true: the models
+    role will provide the draft path later, so an empty one is not an error yet), environment (the
+    fleet's, merged before each instance's), gpus (GPU agents found, or None), probe
+    ({rollout_probe_input_len, rollout_probe_input_len_canary, output_len}).
     """
     found: list[str] = []
     if not plan:
@@ -397,7 +398,7 @@ def service_findings(
         algorithm = args.get("--speculative-algorithm")
         free = [str(a) for a in settings.get("draft_free_algorithms") or []]
         if algorithm not in (None, False, "") and str(algorithm) not in free:
-            if not str(args.get("--speculative-draft-model-path") or ""):
+            if not str(args.get("--speculative-draft-model-path") or "") and not settings.get("draft_from_models"):
                 found.append(
                     f"{unit}: --speculative-algorithm {algorithm} needs --speculative-draft-model-path, which is "
                     "empty. Set sglang_service_draft_model_path (or models_draft_path from the models role), or "
