@@ -465,7 +465,7 @@ BAD = {
     ),
     "hicache-size 0.5": (
         {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 0.5}},
-        "--hicache-size 0.5 is not an integer",
+        "argument --hicache-size: invalid int value: '0.5'",
     ),
     "buffer_only without storage": (
         {"sglang_service_hicache_args": {**HICACHE, "--hicache-host-memory-mode": "buffer_only"}},
@@ -473,11 +473,15 @@ BAD = {
     ),
     "host pool larger than RAM": (
         {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 64}},
-        "HiCache host pools need 128 GB of pinned RAM",
+        "not enough RAM for the HiCache host pools: they need 128 GB of pinned RAM",
+    ),
+    "negative hicache-ratio (SGLang's parser takes it; preflight's ranges do not)": (
+        {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 0, "--hicache-ratio": "-0.5"}},
+        "argument --hicache-ratio: -0.5 is out of range (must be > 0)",
     ),
     "mem-fraction-static 1.2": (
         {"sglang_service_instances": instances({"--mem-fraction-static": "1.2"})},
-        "--mem-fraction-static 1.2 must be a number strictly between 0 and 1",
+        "argument --mem-fraction-static: 1.2 is out of range (must be < 1)",
     ),
 }
 
