@@ -41,7 +41,7 @@ HICACHE = {
 
 
 def instances(main_args: dict | None = None) -> list[dict]:
-    """The scenario's instances (vars/main.yml), with overrides for `main`."""
+    """The scenario's instances (vars/main.yml, baseline's own api key too), with overrides for `main`."""
     return [
         {"name": "main", "port": 30004, "environment": {"HIP_VISIBLE_DEVICES": "0,1"}, "args": main_args or {}},
         {
@@ -49,6 +49,7 @@ def instances(main_args: dict | None = None) -> list[dict]:
             "port": 30010,
             "profile": "seed-baseline",
             "hicache_enabled": False,
+            "api_key": KEYS["baseline"],
             "environment": {"HIP_VISIBLE_DEVICES": "2,3"},
         },
     ]
