@@ -101,9 +101,59 @@ def _convert(flag: str, kind: str, raw: str, choices: list | None) -> Any:
     return value
 
 
+def merge_config(argv: list[str], flags: dict[str, Any]) -> list[str]:
+    """``--config FILE.yaml`` as SGLang 0.5.23 merges it (srt/utils/server_args_config_parser.py).
+
+    One --config only; the file must end in .yaml/.yml, exist and hold a mapping. Its keys become
+    flags placed before the rest of argv (so the command line wins): a true switch adds the flag, a
+    false one drops it, a list is an nargs flag, a mapping is passed as JSON. Parsed with PyYAML
+    when installed, else as JSON (which is YAML); the process command line keeps only --config FILE.
+    """
+    where = [i for i, word in enumerate(argv) if word == "--config"]
+    if not where:
+        return argv
+    if len(where) > 1:
+        raise UsageError("Multiple config files specified! Only one allowed.")
+    if where[0] == len(argv) - 1:
+        raise UsageError("No config file specified after --config flag!")
+    path = argv[where[0] + 1]
+    if not path.lower().endswith((".yaml", ".yml")):
+        raise UsageError(f"Config file must be YAML format, got: {path}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as err:
+        raise UsageError(f"Config file not found: {path} ({err.strerror})") from None
+    try:
+        import yaml  # type: ignore[import-untyped]
+
+        data = yaml.safe_load(text)
+    except ImportError:
+        data = json.loads(text) if text.strip() else None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise UsageError("Config file must contain a dictionary at root level")
+    merged: list[str] = []
+    for key, value in data.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            if flags.get(flag, {}).get("kind") == "bool":
+                merged += [flag] if value else []
+            else:
+                merged += [flag, str(value).lower()]
+        elif isinstance(value, list):
+            merged += [flag, *(str(item) for item in value)] if value else []
+        elif isinstance(value, dict):
+            merged += [flag, json.dumps(value)]
+        else:
+            merged += [flag, str(value)]
+    return merged + argv[: where[0]] + argv[where[0] + 2 :]
+
+
 def parse_argv(argv: list[str]) -> LaunchArgs:
     data = table()
     flags: dict[str, Any] = data["flags"]
+    argv = merge_config(argv, flags)
     values: dict[str, Any] = dict(data["fields"])
     given: list[str] = []
     ignored: list[str] = []

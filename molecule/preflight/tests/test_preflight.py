@@ -1,7 +1,10 @@
 """Verify on the real test hosts: systemd is running, sshd listens on the host's own loopback
-address, and preflight (converge, idempotence and the bad-input runs) changed nothing."""
+address, preflight (converge, idempotence and the bad-input runs) changed nothing, and every bad
+input of side_effect.yml was refused by preflight with its message."""
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import testinfra.utils.ansible_runner
@@ -42,3 +45,22 @@ def test_preflight_changed_nothing(host):
         marker,
     ).stdout.split()
     assert newer == [], f"preflight changed files: {newer}"
+
+
+def _bad_inputs() -> list:
+    path = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bad_inputs.json"
+    assert path.exists(), f"{path} is missing: run `molecule side-effect -s preflight` before verify"
+    return json.loads(path.read_text())
+
+
+def test_at_least_15_distinct_bad_inputs_each_refused_in_preflight_with_its_message():
+    runs = _bad_inputs()
+    assert len({json.dumps(case["vars"], sort_keys=True) for case, _, _ in runs}) >= 15
+    for case, rc, stdout in runs:
+        output = " ".join(stdout.split())
+        assert rc != 0, (case["name"], stdout[-2000:])
+        # Refused by preflight's summary task, the first play of the run: no other play started.
+        assert "TASK [preflight : Fail with every finding on this host]" in stdout, case["name"]
+        assert stdout.count("PLAY [") == 1, case["name"]
+        for words in case["expect"]:
+            assert words in output, (case["name"], words, stdout[-2000:])

@@ -41,7 +41,7 @@ HICACHE = {
 
 
 def instances(main_args: dict | None = None) -> list[dict]:
-    """The scenario's instances (vars/main.yml), with overrides for `main`."""
+    """The scenario's instances (vars/main.yml, baseline's own api key too), with overrides for `main`."""
     return [
         {"name": "main", "port": 30004, "environment": {"HIP_VISIBLE_DEVICES": "0,1"}, "args": main_args or {}},
         {
@@ -49,6 +49,7 @@ def instances(main_args: dict | None = None) -> list[dict]:
             "port": 30010,
             "profile": "seed-baseline",
             "hicache_enabled": False,
+            "api_key": KEYS["baseline"],
             "environment": {"HIP_VISIBLE_DEVICES": "2,3"},
         },
     ]
@@ -70,9 +71,18 @@ def playbook(name: str, extra: dict | None = None, *options: str) -> subprocess.
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-def http(port: int, path: str) -> tuple[int, str]:
+# The scenario's api keys (vars/main.yml): the fleet's for main, baseline's own.
+KEYS = {"main": "svc-fleet-key-Vq93mZt0", "baseline": "svc-baseline-key-P7r2Lw"}
+PORT_KEYS = {INSTANCES[name]: key for name, key in KEYS.items()}
+
+
+def http(port: int, path: str, key: str | None = "") -> tuple[int, str]:
+    """GET with the instance's api key (key=None: without one)."""
+    key = PORT_KEYS.get(port) if key == "" else key
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with urllib.request.urlopen(f"http://{ADDRESS}:{port}{path}", timeout=10) as answer:
+        request = urllib.request.Request(f"http://{ADDRESS}:{port}{path}", headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
@@ -80,6 +90,13 @@ def http(port: int, path: str) -> tuple[int, str]:
 
 def main_pid(host, name: str) -> int:
     return int(host.check_output(f"systemctl show -p MainPID --value sglang-{name}.service"))
+
+
+def unit_properties(host, name: str, properties: str) -> dict[str, str]:
+    """`systemctl show -p …` of an instance's unit as a dict (properties: space-separated names)."""
+    listed = " ".join(f"-p {prop}" for prop in properties.split())
+    output = host.check_output(f"systemctl show sglang-{name}.service {listed}")
+    return dict(line.split("=", 1) for line in output.splitlines())
 
 
 def journal(host, name: str) -> str:
@@ -112,13 +129,9 @@ def test_process_runs_as_the_service_user(host, name):
 
 @pytest.mark.parametrize("name", INSTANCES)
 def test_limits_and_hardening_in_effect(host, name):
-    props = dict(
-        line.split("=", 1)
-        for line in host.check_output(
-            f"systemctl show sglang-{name}.service -p LimitMEMLOCK -p LimitNOFILE -p ProtectSystem "
-            "-p NoNewPrivileges -p PrivateTmp -p ProtectHome -p DevicePolicy -p DeviceAllow "
-            "-p Restart -p StartLimitBurst -p User -p ReadWritePaths -p EnvironmentFiles"
-        ).splitlines()
+    props = unit_properties(
+        host, name, "LimitMEMLOCK LimitNOFILE ProtectSystem NoNewPrivileges PrivateTmp ProtectHome DevicePolicy "
+        "DeviceAllow Restart StartLimitBurst User ReadWritePaths EnvironmentFiles"
     )
     assert props["LimitMEMLOCK"] == "infinity"
     assert props["LimitNOFILE"] == "65536"
@@ -169,6 +182,152 @@ def test_env_file_is_root_only(host, name):
     env = host.file(f"/etc/sglang/{name}.env")
     assert env.user == "root"
     assert env.mode == 0o600
+    assert KEYS[name] not in env.content_string
+
+
+# --- secrets: as a local user without privileges, with api keys configured -----------------------
+OUTSIDER = "nobody"
+
+
+def as_outsider(host, command: str) -> str:
+    """What an unprivileged local user sees (stdout and stderr) running `command`."""
+    result = host.run("runuser -u %s -- sh -c %s", OUTSIDER, command)
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_secrets_file_is_root_and_service_group_only(host, name):
+    secrets = host.file(f"/etc/sglang/{name}.secrets.yaml")
+    assert secrets.user == "root"
+    assert secrets.group == "sglang"
+    assert secrets.mode == 0o640
+    assert json.loads(secrets.content_string) == {"api-key": KEYS[name]}
+    assert "Permission denied" in as_outsider(host, f"cat /etc/sglang/{name}.secrets.yaml")
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_no_other_user_reads_the_key(host, name):
+    key = KEYS[name]
+    unit = f"sglang-{name}.service"
+    pid = main_pid(host, name)
+    seen = {
+        "ps": as_outsider(host, "ps axww -o pid,args"),
+        "/proc/*/cmdline": as_outsider(host, "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done"),
+        "/proc/<MainPID>/cmdline": as_outsider(host, f"tr '\\0' ' ' < /proc/{pid}/cmdline"),
+        "/proc/<MainPID>/environ": as_outsider(host, f"cat /proc/{pid}/environ"),
+        "systemctl show": as_outsider(host, f"systemctl show {unit}"),
+        "systemctl cat": as_outsider(host, f"systemctl cat {unit}"),
+        "the unit file": as_outsider(host, f"cat /etc/systemd/system/{unit}"),
+        "journalctl": as_outsider(host, f"journalctl -u {unit} --no-pager -n 200"),
+        "/etc/sglang": as_outsider(host, "cat /etc/sglang/*"),
+    }
+    for where, text in seen.items():
+        assert key not in text, f"{name}'s api key readable by {OUTSIDER} in {where}"
+    # The unit hands SGLang the path only, and root sees the key nowhere on the command line either.
+    assert f"--config /etc/sglang/{name}.secrets.yaml" in host.file(f"/etc/systemd/system/{unit}").content_string
+    assert key not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    assert key not in host.check_output(f"systemctl show {unit}")
+    assert "--api-key" not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_the_server_still_requires_its_key(host, name):
+    port = INSTANCES[name]
+    assert http(port, "/get_model_info", key=None)[0] == 401
+    assert http(port, "/get_model_info", key="wrong-key")[0] == 401
+    other = KEYS["baseline" if name == "main" else "main"]
+    assert http(port, "/get_model_info", key=other)[0] == 401  # per-instance keys
+    assert http(port, "/get_model_info", key=KEYS[name])[0] == 200
+    # As SGLang: health stays open for probes without secrets.
+    assert http(port, "/health", key=None)[0] == 200
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_release_records_carry_no_key_and_no_plain_hash_of_it(host, name):
+    release = host.file(f"/var/lib/sglang/{name}/current").linked_to
+    key = KEYS[name]
+    digest = host.check_output(f"sha256sum /etc/sglang/{name}.secrets.yaml").split()[0]
+    for part in ("unit", "env", "argv.json", "release.json"):
+        text = host.file(f"{release}/{part}").content_string
+        assert key not in text, part
+        assert digest not in text, part
+        assert digest[:12] not in text, part
+    assert json.loads(host.file(f"{release}/argv.json").content_string)[-2:] == [
+        "--config", f"/etc/sglang/{name}.secrets.yaml"]
+    assert host.file(f"{release}/secrets.yaml").mode == 0o600
+    assert host.file("/var/lib/sglang/.secrets-salt").mode == 0o600
+
+
+# --- sandbox ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", INSTANCES)
+def test_exposure_score_at_most_2_5(host, name):
+    out = host.check_output(f"systemd-analyze security sglang-{name}.service --no-pager")
+    line = [row for row in out.splitlines() if "Overall exposure level" in row][-1]
+    score = float(line.split(":")[1].split()[0])
+    assert score <= 2.5, out
+
+
+@pytest.mark.parametrize("name", INSTANCES)
+def test_sandbox_directives_in_effect(host, name):
+    props = unit_properties(
+        host, name, "SystemCallFilter RestrictNamespaces ProtectProc RemoveIPC PrivateMounts IPAddressDeny "
+        "IPAddressAllow SystemCallErrorNumber"
+    )
+    assert "ioctl" in props["SystemCallFilter"]
+    assert "mlock" in props["SystemCallFilter"]
+    assert "mount" not in props["SystemCallFilter"].split()  # an allow list without @mount
+    assert props["RestrictNamespaces"] == "yes"
+    assert props["ProtectProc"] == "invisible"
+    assert props["RemoveIPC"] == "yes"
+    assert props["PrivateMounts"] == "yes"
+    assert props["IPAddressDeny"] == "0.0.0.0/0 ::/0"
+    assert "127.0.0.0/8" in props["IPAddressAllow"]
+    # ProtectProc=invisible: the service's user sees its own processes only, not root's sshd.
+    pid = main_pid(host, name)
+    assert host.run(f"nsenter -t {pid} -m runuser -u sglang -- ls /proc/1").rc != 0
+
+
+def test_the_real_sglang_parser_runs_under_the_sandbox(host):
+    """SGLang's own parser (check_args.py, importing torch and triton) in a copy of main's unit."""
+    unit = host.file("/etc/systemd/system/sglang-main.service").content_string
+    release = host.file("/var/lib/sglang/main/current").linked_to
+    argv = host.file(f"{release}/argv.json").content_string
+    home = "/var/lib/sglang/main/home"
+    host.run_test("printf '%%s' %s > %s && chown sglang:sglang %s", argv, f"{home}/argv-check.json",
+                  f"{home}/argv-check.json")
+    lines, skipping = [], False
+    for line in unit.splitlines():
+        if line.startswith(("ExecStart=", "Restart=", "Type=")):
+            skipping = line.startswith("ExecStart=")
+            continue
+        if skipping:
+            skipping = line.endswith("\\")
+            continue
+        lines.append(line)
+        if line == "[Service]":
+            python = "/opt/sglang/current/bin/python"
+            lines += ["Type=oneshot", f"ExecStart={python} /usr/local/libexec/sglang-service/check_args.py "
+                      f"{home}/argv-check.json"]
+    copy = "\n".join(lines) + "\n"
+    host.run_test("printf '%%s' %s > /run/systemd/system/sglang-sandbox-check.service", copy)
+    try:
+        host.run("systemctl daemon-reload")
+        started = host.run("systemctl start sglang-sandbox-check.service")
+        log = host.run("journalctl -u sglang-sandbox-check.service --no-pager -o cat -n 20").stdout
+        assert started.rc == 0, log
+        assert '{"ok": true, "version": "0.5.23"}' in log, log
+        assert "SystemCallFilter=" in host.check_output("systemctl cat sglang-sandbox-check.service")
+    finally:
+        host.run("rm -f /run/systemd/system/sglang-sandbox-check.service %s/argv-check.json", home)
+        host.run("systemctl daemon-reload")
+
+
+def test_the_simulator_runs_under_the_sandbox(host):
+    pid = main_pid(host, "main")
+    status = host.file(f"/proc/{pid}/status").content_string
+    assert "Seccomp:\t2" in status  # a seccomp filter is attached
+    assert "sglang_sim.launch_server" in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    assert http(30004, "/health_generate")[0] == 200
 
 
 def test_model_path_with_a_space_reaches_the_server(host):
@@ -258,8 +417,8 @@ def test_a_server_that_exits_at_start_fails_the_wait_early():
     # The journal's last lines: the server's own startup error.
     assert "Not enough host memory available" in message, message
     assert "[sglang-sim SIMULATOR fault startup_exit]" in message, message
-    # The unit logged its key (ExecStartPre): the message shows it redacted.
-    assert "SIMULATED startup log line carrying the key <redacted>" in message, message
+    # The unit logged its key (ExecStartPre, from the secrets file): the message shows it redacted.
+    assert '"api-key": "<redacted>"' in message, message
 
 
 def test_no_api_key_in_the_failed_runs_output():
@@ -307,7 +466,7 @@ BAD = {
     ),
     "hicache-size 0.5": (
         {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 0.5}},
-        "--hicache-size 0.5 is not an integer",
+        "argument --hicache-size: invalid int value: '0.5'",
     ),
     "buffer_only without storage": (
         {"sglang_service_hicache_args": {**HICACHE, "--hicache-host-memory-mode": "buffer_only"}},
@@ -315,11 +474,15 @@ BAD = {
     ),
     "host pool larger than RAM": (
         {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 64}},
-        "HiCache host pools need 128 GB of pinned RAM",
+        "not enough RAM for the HiCache host pools: they need 128 GB of pinned RAM",
+    ),
+    "negative hicache-ratio (SGLang's parser takes it; preflight's ranges do not)": (
+        {"sglang_service_hicache_args": {**HICACHE, "--hicache-size": 0, "--hicache-ratio": "-0.5"}},
+        "argument --hicache-ratio: -0.5 is out of range (must be > 0)",
     ),
     "mem-fraction-static 1.2": (
         {"sglang_service_instances": instances({"--mem-fraction-static": "1.2"})},
-        "--mem-fraction-static 1.2 must be a number strictly between 0 and 1",
+        "argument --mem-fraction-static: 1.2 is out of range (must be < 1)",
     ),
 }
 

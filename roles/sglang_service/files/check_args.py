@@ -32,6 +32,13 @@ def check(argv: list[str]) -> tuple[int, dict]:
         from sglang.srt.server_args import prepare_server_args
     except Exception as exc:
         return 3, {"ok": False, "import_error": True, "message": f"cannot import SGLang's parser: {exc}"}
+    if "--config" in argv:
+        try:
+            import yaml  # noqa: F401 - SGLang's --config reader imports it
+        except ImportError:
+            return 3, {"ok": False, "import_error": True,
+                       "message": "SGLang's --config (the api keys' file) needs PyYAML in the venv, which has none "
+                                  "(a full SGLang install gets it with transformers; add pyyaml to the venv)"}
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):

@@ -11,6 +11,8 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
   process unchanged (spaces, quotes, backslashes, ``%`` specifiers, ``$`` expansion).
 - ``sglang_service_env_quote(value)``: one value in EnvironmentFile syntax.
 - ``sglang_service_host_pool_gb(mapping)``: GB of pinned host RAM the HiCache pools take.
+- ``sglang_service_ip_allow(bind, router_url, extra, prefix)``: the unit's IPAddressAllow entries
+  (empty: no IP firewall, for a wildcard bind).
 - ``sglang_service_redact(text, secrets)``: text (or lines) with every secret replaced by
   ``<redacted>``, and any value SGLang prints after ``--api-key`` / ``api_key=`` too.
 """
@@ -18,6 +20,7 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -111,26 +114,37 @@ def prune(
 
 
 def changing(
-    candidates: Sequence[Sequence[Mapping[str, Any]]], env_contents: Mapping[str, str]
+    candidates: Sequence[Sequence[Mapping[str, Any]]],
+    env_contents: Mapping[str, str],
+    secret_contents: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Names of the instances whose live unit or env file differs from the candidate.
+    """Names of the instances whose live unit, env file or secrets file differs from the candidate.
 
     `candidates` is the plan zipped with the stat results (sha256 checksums) of the live unit and env
-    file of each instance.
+    file of each instance, and optionally of its secrets file. An instance without keys must have no
+    secrets file; one with keys, a file with exactly the candidate's content.
     """
     names = []
-    for instance, unit_stat, env_stat in candidates:
+    for instance, unit_stat, env_stat, *rest in candidates:
         unit_sum = (unit_stat.get("stat") or {}).get("checksum", "")
         env_sum = (env_stat.get("stat") or {}).get("checksum", "")
         want_unit = hashlib.sha256(str(instance["unit_content"]).encode()).hexdigest()
         want_env = hashlib.sha256(str(env_contents[instance["name"]]).encode()).hexdigest()
-        if unit_sum != want_unit or env_sum != want_env:
+        differs = unit_sum != want_unit or env_sum != want_env
+        if rest and secret_contents is not None:
+            live = rest[0].get("stat") or {}
+            want = str(secret_contents.get(instance["name"], "") or "")
+            if want:
+                differs = differs or live.get("checksum", "") != hashlib.sha256(want.encode()).hexdigest()
+            else:
+                differs = differs or bool(live.get("exists", False))
+        if differs:
             names.append(instance["name"])
     return names
 
 
-_RELEASE_KEYS = ("name", "unit", "bind", "port", "profile", "hicache", "api_key_set", "config_hash",
-                 "release_dir", "state_dir", "components")
+_RELEASE_KEYS = ("name", "unit", "bind", "port", "profile", "hicache", "api_key_set", "admin_api_key_set",
+                 "secrets_set", "config_hash", "release_dir", "state_dir", "components")
 _MODEL_FLAGS = ("--model-path", "--speculative-draft-model-path")
 
 
@@ -174,17 +188,63 @@ def env_quote(value: Any) -> str:
     return f'"{text}"'
 
 
+_WILDCARDS = ("", "0.0.0.0", "::", "*")  # noqa: S104 (recognized, not bound)
+
+
+def ip_allow(bind: Any, router_url: Any = "", extra: Any = (), prefix: Any = 24) -> list[str]:
+    """IPAddressAllow= entries for an instance (with IPAddressDeny=any), in a stable order.
+
+    Always `localhost`; a non-loopback bind address adds its network (`prefix` bits for IPv4, 64 for
+    IPv6): the clients of a server bound to one interface are on that network. The router's address
+    (an IP literal in `router_url`) and every entry of `extra` are added. A wildcard bind (0.0.0.0,
+    ::) serves every network: no firewall (empty list) unless `extra` names the networks.
+    """
+    entries: list[str] = ["localhost"]
+    bind_text = str(bind or "").strip("[]")
+    wildcard = bind_text in _WILDCARDS
+    if not wildcard and bind_text != "localhost":
+        try:
+            address = ipaddress.ip_address(bind_text)
+        except ValueError as err:
+            raise AnsibleFilterError(f"bind address {bind_text!r} is not an IP address: {err}") from None
+        if not address.is_loopback:
+            bits = int(prefix) if address.version == 4 else 64
+            entries.append(str(ipaddress.ip_network(f"{address}/{bits}", strict=False)))
+    host = re.sub(r"^[a-z]+://", "", str(router_url or "")).split("/", 1)[0]
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    try:
+        router = ipaddress.ip_address(host) if host else None
+    except ValueError:
+        router = None  # a host name: name its address in sglang_service_ip_address_allow
+    if router is not None and not router.is_loopback:
+        entries.append(str(router))
+    extras = [str(item) for item in (extra or [])]
+    if wildcard and not extras:
+        return []
+    for item in extras:
+        if item not in entries:
+            entries.append(item)
+    return entries
+
+
 REDACTED = "<redacted>"
 # What SGLang itself prints with a key in it: its argv (`--api-key KEY`) and its ServerArgs
 # (`api_key='KEY'`), also for a key the role no longer knows (a rolled-back release's).
-_KEY_IN_LOG = re.compile(r"""(--api-key[= ]+|api_key=)(['"]?)(?!<redacted>|None\b)[^\s'",)]+""")
+# Also the --config YAML/JSON form (`api-key: KEY`, `"admin-api-key": "KEY"`).
+_KEY_IN_LOG = re.compile(
+    r"""(--(?:admin-)?api-key[= ]+|api_key=|(?:admin-)?api-key['"]?\s*:\s*)(['"]?)(?!<redacted>|None\b)[^\s'",)}]+"""
+)
 
 
 def redact(text: Any, secrets: Any) -> Any:
     """Replace every non-empty secret in text (a string or a list of lines) with ``<redacted>``.
 
     Longer secrets first, so a key that contains another key is not half-replaced. Values SGLang
-    logs after ``--api-key`` or ``api_key=`` are redacted whether or not the role knows them.
+    logs after ``--api-key``, ``--admin-api-key``, ``api_key=`` (``admin_api_key=``) or
+    ``api-key:`` are redacted whether or not the role knows them.
     """
     if isinstance(text, Sequence) and not isinstance(text, (str, bytes)):
         return [redact(line, secrets) for line in text]
@@ -212,4 +272,5 @@ class FilterModule:
             "sglang_service_release_record": release_record,
             "sglang_service_env_quote": env_quote,
             "sglang_service_redact": redact,
+            "sglang_service_ip_allow": ip_allow,
         }

@@ -1,0 +1,528 @@
+"""Filters of the preflight role: every check as a plain function that returns its findings.
+
+A finding is one string that says what is wrong, names the variable and says how to fix it. The
+role collects them per host and fails once with the list (``preflight_summary``). Each function is
+the only implementation of its check: the sglang_service role reuses them through
+``include_role: preflight, tasks_from: service | ram``, the models role through ``tasks_from: disk``.
+
+- ``preflight_host_findings(facts, settings)``: OS, init, Python, GPU agents (rocminfo).
+- ``preflight_ram_findings(pools, memtotal_mb, reserve_gb, host)``: HiCache host pools vs RAM.
+- ``preflight_disk_findings(free_bytes, need_bytes, path, host, what, fix)``: free disk.
+- ``preflight_sglang_argv(argv, table, ranges)``: argv against SGLang's own flag table
+  (files/sglang-flags.json, read off its argparse parser): unknown and ambiguous flags, values,
+  types, choices, plus ranges argparse does not check.
+- ``preflight_service_findings(plan, instances, table, settings)``: the sglang_service plan: names,
+  ports, profiles, public bind without a key, TP size vs GPUs, HiCache rules, probe prompt length.
+- ``preflight_rollout_findings(settings)``: batches, probe settings, package set.
+- ``preflight_port_findings(results)``: ports held by other processes (check_port.py output).
+- ``preflight_summary(findings, host)``: the one message per host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # plain-Python use (unit tests without Ansible)
+    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_PERCENT = re.compile(r"^([0-9]+)%$")
+_HICACHE_FLAG = re.compile(r"^--(enable-hierarchical-cache|enable-hicache|hicache-)")
+
+# Ranges SGLang's argparse does not check (its resolve step or the server does, on the host, later).
+DEFAULT_RANGES: dict[str, dict[str, float]] = {
+    "--port": {"min": 1, "max": 65535},
+    "--tp-size": {"min": 1},
+    "--tensor-parallel-size": {"min": 1},
+    "--context-length": {"min": 1},
+    "--mem-fraction-static": {"gt": 0, "lt": 1},
+    "--max-running-requests": {"min": 1},
+    "--chunked-prefill-size": {"min": -1},
+    "--page-size": {"min": 1},
+    "--stream-interval": {"min": 1},
+    "--hicache-ratio": {"gt": 0},
+    "--hicache-size": {"min": 0},
+    "--hicache-host-memory-fraction": {"gt": 0, "max": 1},
+    "--speculative-num-draft-tokens": {"min": 1},
+}
+
+
+# --- host -------------------------------------------------------------------------------------------
+def _version_tuple(text: Any) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", str(text))[:3])
+
+
+def host_findings(facts: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """OS, init system, Python and GPU agents of one host.
+
+    settings: supported_os, min_python, gpu_arch, expected_gpus, rocminfo (stdout or None when
+    rocminfo is not installed).
+    """
+    found = []
+    supported = settings.get("supported_os") or {}
+    distro = str(facts.get("distribution", "?"))
+    version = str(facts.get("distribution_version", "?"))
+    versions = [str(v) for v in supported.get(distro, [])]
+    if version not in versions and str(facts.get("distribution_major_version", "?")) not in versions:
+        found.append(
+            f"unsupported OS {distro} {version}: supported are {json.dumps(supported, sort_keys=True)} "
+            "(preflight_supported_os); use a supported release."
+        )
+    init = facts.get("service_mgr", "?")
+    if init != "systemd":
+        found.append(
+            f"init is {init}, not systemd: the SGLang server runs as a systemd unit; hicache-fleet needs "
+            "a host booted with systemd as PID 1."
+        )
+    python, minimum = facts.get("python_version", "0"), settings.get("min_python", "3.11")
+    if _version_tuple(python) < _version_tuple(minimum):
+        found.append(
+            f"Python {python} is older than {minimum} (preflight_min_python); install a newer python3 or set "
+            "ansible_python_interpreter to one."
+        )
+    rocminfo = settings.get("rocminfo")
+    if rocminfo is not None:
+        arch = str(settings.get("gpu_arch", "gfx1100"))
+        agents = len(re.findall(rf"(?m)^\s*Name:\s+{re.escape(arch)}\s*$", str(rocminfo)))
+        expected = int(settings.get("expected_gpus", 0))
+        if agents < expected:
+            said = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(rocminfo))
+            said = " ".join(re.sub(r"[^A-Za-z0-9 .,()/_:-]+", " ", said).split())[:300]
+            found.append(
+                f"rocminfo lists {agents} agent(s) named {arch}, expected at least {expected} "
+                f"(preflight_expected_gpus / preflight_gpu_arch); rocminfo said: {said}"
+            )
+    return found
+
+
+def gpus_found(rocminfo: Any, arch: str) -> int | None:
+    """GPU agents named `arch` in rocminfo's output; None when rocminfo did not run."""
+    if rocminfo is None:
+        return None
+    return len(re.findall(rf"(?m)^\s*Name:\s+{re.escape(str(arch))}\s*$", str(rocminfo)))
+
+
+# --- RAM and disk -----------------------------------------------------------------------------------
+def _whole(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def ram_findings(pools: Sequence[Mapping[str, Any]], memtotal_mb: Any, reserve_gb: Any, host: str = "") -> list[str]:
+    """The HiCache host pools (pinned, GB = 1e9 bytes) plus the reserve must fit the host's RAM.
+
+    pools: [{label, gb, variable}], e.g. {label: "main: 2 x 12 GB", gb: 24,
+    variable: "sglang_service_hicache_args['--hicache-size']"}; sglang_service plan entries work too
+    (host_pool_gb, host_pool_label).
+    """
+    pools = [
+        {
+            "label": pool.get("label", pool.get("host_pool_label", "")),
+            "gb": float(pool.get("gb", pool.get("host_pool_gb", 0)) or 0),
+            "variable": pool.get("variable", ""),
+        }
+        for pool in pools
+    ]
+    total = sum(pool["gb"] for pool in pools)
+    if total <= 0:
+        return []
+    reserve = float(reserve_gb)
+    ram_bytes = int(memtotal_mb) * 1048576
+    if (total + reserve) * 1e9 <= ram_bytes:
+        return []
+    labels = " + ".join(" ".join(str(pool["label"]).split()) for pool in pools if pool["gb"] > 0)
+    variables = sorted({str(pool["variable"]) for pool in pools if pool["variable"]})
+    return [
+        f"not enough RAM for the HiCache host pools: they need {total:g} GB of pinned RAM ({labels}; tp-size x "
+        f"--hicache-size per instance) plus preflight_memory_reserve_gb = {reserve:g} GB, but {host or 'the host'} "
+        f"has {ram_bytes / 1e9:.1f} GB (ansible_memtotal_mb = {memtotal_mb}). Lower "
+        f"{' / '.join(variables) or '--hicache-size'}, lower tp-size, or run fewer instances here."
+    ]
+
+
+def disk_findings(free_bytes: Any, need_bytes: Any, path: str, host: str, what: str, fix: str) -> list[str]:
+    """Free space under `path` must hold `need_bytes`."""
+    free, need = int(str(free_bytes or 0).strip() or 0), int(float(need_bytes))
+    if free >= need:
+        return []
+    return [f"{path} on {host} has {free / 1e9:.1f} GB free; {what} needs {need / 1e9:.1f} GB. {fix}"]
+
+
+# --- SGLang argv against its flag table -------------------------------------------------------------
+def _looks_like_flag(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not _NEGATIVE_NUMBER.match(token)
+
+
+def _resolve(name: str, flags: Mapping[str, Any], abbrev: bool) -> tuple[str | None, str | None]:
+    """(canonical flag, error)."""
+    if name in flags:
+        return name, None
+    if abbrev and name.startswith("--"):
+        matches = sorted(flag for flag in flags if flag.startswith(name))
+        if len(matches) == 1:
+            return matches[0], None
+        if len(matches) > 1:
+            return None, f"ambiguous option: {name} could match {', '.join(matches)}"
+    return None, f"unrecognized arguments: {name}"
+
+
+def _convert(flag: str, kind: str, raw: str, choices: Sequence[Any] | None) -> tuple[Any, str | None]:
+    try:
+        if kind == "int":
+            value: Any = int(raw)
+        elif kind == "float":
+            value = float(raw)
+        elif kind == "callable:loads":
+            value = json.loads(raw)
+        else:
+            value = raw
+    except ValueError:
+        shown = "int" if kind == "int" else "float" if kind == "float" else kind.removeprefix("callable:")
+        return None, f"argument {flag}: invalid {shown} value: {raw!r}"
+    if choices is not None and value not in choices and str(value) not in [str(c) for c in choices]:
+        listed = ", ".join(repr(c) for c in choices)
+        return None, f"argument {flag}: invalid choice: {raw!r} (choose from {listed})"
+    return value, None
+
+
+def _in_range(flag: str, value: Any, rule: Mapping[str, float]) -> str | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    bounds = []
+    if "min" in rule and number < rule["min"]:
+        bounds.append(f">= {rule['min']:g}")
+    if "gt" in rule and number <= rule["gt"]:
+        bounds.append(f"> {rule['gt']:g}")
+    if "max" in rule and number > rule["max"]:
+        bounds.append(f"<= {rule['max']:g}")
+    if "lt" in rule and number >= rule["lt"]:
+        bounds.append(f"< {rule['lt']:g}")
+    if not bounds:
+        return None
+    return f"argument {flag}: {value} is out of range (must be {' and '.join(bounds)})"
+
+
+def parse_argv(argv: Sequence[Any], table: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """argv parsed like SGLang's argparse parser: ({canonical flag: value}, errors)."""
+    flags: Mapping[str, Any] = table.get("flags", {})
+    abbrev = bool(table.get("allow_abbrev", True))
+    words = [str(word) for word in argv]
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    i = 0
+    while i < len(words):
+        token = words[i]
+        if not _looks_like_flag(token):
+            errors.append(f"unrecognized arguments: {token}")
+            i += 1
+            continue
+        name, _, value = token.partition("=")
+        inline = value if "=" in token else None
+        canonical, error = _resolve(name, flags, abbrev)
+        i += 1
+        follow: list[str] = []
+        while i + len(follow) < len(words) and not _looks_like_flag(words[i + len(follow)]):
+            follow.append(words[i + len(follow)])
+        if error:
+            errors.append(error)
+            i += len(follow)
+            continue
+        spec = flags[canonical]
+        kind, nargs, choices = spec.get("kind", "str"), spec.get("nargs"), spec.get("choices")
+        raws = [inline] if inline is not None else follow
+        if kind == "switch" or nargs == 0:
+            if inline is not None:
+                errors.append(f"argument {canonical}: ignored explicit argument {inline!r}")
+            taken: list[str] = []
+            values[canonical] = True
+        elif nargs in ("+", "*") or isinstance(nargs, int):
+            if nargs == "+" and not raws:
+                errors.append(f"argument {canonical}: expected at least one argument")
+            if isinstance(nargs, int) and len(raws) < nargs:
+                errors.append(f"argument {canonical}: expected {nargs} arguments")
+            taken = raws if not isinstance(nargs, int) else raws[:nargs]
+            converted = [_convert(canonical, kind, raw, choices) for raw in taken]
+            errors += [err for _, err in converted if err]
+            values[canonical] = [value for value, _ in converted]
+        elif nargs == "?":
+            taken = raws[:1]
+            value, err = _convert(canonical, kind, taken[0], choices) if taken else (None, None)
+            errors += [err] if err else []
+            values[canonical] = value
+        else:
+            if not raws:
+                errors.append(f"argument {canonical}: expected one argument")
+                taken = []
+            else:
+                taken = raws[:1]
+                value, err = _convert(canonical, kind, taken[0], choices)
+                errors += [err] if err else []
+                values[canonical] = value
+        if inline is None:
+            i += len(taken)
+            extra = follow[len(taken):]
+            if extra:
+                errors.append(f"unrecognized arguments: {' '.join(extra)}")
+                i += len(extra)
+    return values, errors
+
+
+def sglang_argv(argv: Sequence[Any], table: Mapping[str, Any], ranges: Mapping[str, Any] | None = None) -> list[str]:
+    """Errors SGLang's parser would report for argv (argparse's wording), plus out-of-range values."""
+    values, errors = parse_argv(argv, table)
+    rules = DEFAULT_RANGES if ranges is None else ranges
+    for flag, value in values.items():
+        rule = rules.get(flag)
+        if rule is None or value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            error = _in_range(flag, item, rule)
+            if error:
+                errors.append(error)
+    return errors
+
+
+# --- the sglang_service plan ------------------------------------------------------------------------
+def _loopback(bind: str) -> bool:
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _visible_devices(environment: Mapping[str, Any]) -> list[str] | None:
+    for key in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        if key in environment and environment[key] is not None:
+            return [part for part in str(environment[key]).split(",") if part.strip()]
+    return None
+
+
+def service_findings(
+    plan: Sequence[Mapping[str, Any]],
+    instances: Sequence[Mapping[str, Any]],
+    table: Mapping[str, Any],
+    settings: Mapping[str, Any],
+) -> list[str]:
+    """Every check of the rendered sglang_service plan that needs no host access.
+
+    settings: profiles (names), ranges, draft_free_algorithms, draft_from_models (true: the models
+    role will provide the draft path later, so an empty one is not an error yet), environment (the
+    fleet's, merged before each instance's), gpus (GPU agents found, or None), probe
+    ({rollout_probe_input_len, rollout_probe_input_len_canary, output_len}).
+    """
+    found: list[str] = []
+    if not plan:
+        return ["sglang_service_instances is empty: list at least one instance ({name, port})."]
+    names = [str(entry.get("name")) for entry in plan]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        found.append(f"sglang_service_instances: the name {name!r} is used twice; give each instance its own name.")
+    for name in names:
+        if not _NAME.match(name):
+            found.append(
+                f"sglang_service_instances: the name {name!r} is not valid; use lowercase letters, digits, "
+                "'-' and '_' (at most 41 characters)."
+            )
+    ports: dict[int, list[str]] = {}
+    for entry in plan:
+        port = _whole(entry.get("port"))
+        if port is None or not 1 <= port <= 65535:
+            found.append(
+                f"{entry.get('unit')}: port {entry.get('port')!r} is out of range; set the instance's `port` in "
+                "sglang_service_instances to 1-65535."
+            )
+        else:
+            ports.setdefault(port, []).append(str(entry.get("name")))
+    for port, owners in sorted(ports.items()):
+        if len(owners) > 1:
+            found.append(
+                f"sglang_service_instances: port {port} is given to {', '.join(owners)}; give each instance its "
+                "own `port`."
+            )
+    profiles = list(settings.get("profiles") or [])
+    by_name = {str(item.get("name")): item for item in instances if isinstance(item, Mapping)}
+    probe = settings.get("probe") or {}
+    gpus = settings.get("gpus")
+    for entry in plan:
+        unit, profile, args = entry.get("unit"), entry.get("profile"), entry.get("args") or {}
+        if not entry.get("profile_known", profile in profiles):
+            found.append(
+                f"{unit}: profile {profile!r} is not in sglang_service_profiles (known: {', '.join(profiles)}); "
+                "set sglang_service_profile or the instance's `profile` to one of them."
+            )
+            continue
+        hicache_in_profile = list(entry.get("profile_hicache_flags") or [])
+        if hicache_in_profile:
+            found.append(
+                f"{unit}: profile {profile!r} carries HiCache flags {hicache_in_profile}; move them to "
+                "sglang_service_hicache_args so that sglang_service_hicache_enabled toggles HiCache alone."
+            )
+        bind = str(entry.get("bind", ""))
+        if not _loopback(bind) and not entry.get("api_key_set"):
+            found.append(
+                f"{unit}: binds {bind}, which is not a loopback address, without an api key; set "
+                "sglang_service_api_key (vaulted) or the instance's api_key, or bind 127.0.0.1 "
+                "(sglang_service_bind_address)."
+            )
+        where = (
+            f"profile '{profile}' of sglang_service_profiles, sglang_service_hicache_args or the instance's `args`"
+        )
+        for error in sglang_argv(entry.get("argv") or [], table, settings.get("ranges")):
+            found.append(f"{unit}: SGLang 0.5.23 would refuse its arguments: {error}. Fix it in {where}.")
+        if entry.get("hicache") and str(args.get("--hicache-host-memory-mode", "")) == "buffer_only" and not args.get(
+            "--hicache-storage-backend"
+        ):
+            found.append(
+                f"{unit}: --hicache-host-memory-mode buffer_only requires a storage backend "
+                "(--hicache-storage-backend): host memory is only a staging buffer and all cached data lives in "
+                "storage. Set '--hicache-storage-backend' in sglang_service_hicache_args or use "
+                "'--hicache-host-memory-mode: cache'."
+            )
+        algorithm = args.get("--speculative-algorithm")
+        free = [str(a) for a in settings.get("draft_free_algorithms") or []]
+        if algorithm not in (None, False, "") and str(algorithm) not in free:
+            if not str(args.get("--speculative-draft-model-path") or "") and not settings.get("draft_from_models"):
+                found.append(
+                    f"{unit}: --speculative-algorithm {algorithm} needs --speculative-draft-model-path, which is "
+                    "empty. Set sglang_service_draft_model_path (or models_draft_path from the models role), or "
+                    "drop speculative decoding with `args: {--speculative-algorithm: null}`."
+                )
+        tp = _whole(args.get("--tp-size", args.get("--tensor-parallel-size", 1))) or 1
+        environment = dict(settings.get("environment") or {})
+        environment.update((by_name.get(str(entry.get("name"))) or {}).get("environment") or {})
+        visible = _visible_devices(environment)
+        if visible is not None and tp > len(visible):
+            found.append(
+                f"{unit}: --tp-size {tp} needs {tp} GPUs but HIP_VISIBLE_DEVICES={','.join(visible)} shows "
+                f"{len(visible)}; list {tp} GPUs in the instance's `environment` or lower --tp-size."
+            )
+        if gpus is not None and tp > int(gpus):
+            found.append(
+                f"{unit}: --tp-size {tp} needs {tp} GPUs but rocminfo found {gpus} on this host; lower --tp-size "
+                "(sglang_service_profiles / the instance's args) or fix preflight_expected_gpus and the host."
+            )
+        context = _whole(args.get("--context-length"))
+        if context and probe:
+            output = _whole(probe.get("output_len")) or 0
+            for variable in ("rollout_probe_input_len_canary", "rollout_probe_input_len"):
+                length = _whole(probe.get(variable))
+                if length is not None and length + output > context:
+                    found.append(
+                        f"{unit}: {variable} = {length} (+ rollout_probe_cold_output_len {output}) is longer than "
+                        f"its --context-length {context}; lower {variable} or raise --context-length."
+                    )
+    return found
+
+
+# --- rollout settings ---------------------------------------------------------------------------------
+def rollout_findings(settings: Mapping[str, Any]) -> list[str]:
+    """rollout_batches, the probe's numbers and the venv package set.
+
+    settings: batches, probe {name: value} (positive numbers expected), package_set, package_sets.
+    """
+    found: list[str] = []
+    batches = settings.get("batches")
+    if not isinstance(batches, Sequence) or isinstance(batches, (str, bytes)) or not batches:
+        found.append(
+            f"rollout_batches = {batches!r} is not a non-empty list; use e.g. [1, '25%', '100%'] (host counts or "
+            "percentages)."
+        )
+    else:
+        for batch in batches:
+            count = _whole(batch)
+            percent = _PERCENT.match(str(batch)) if count is None else None
+            if (count is not None and count >= 1) or (percent and 1 <= int(percent.group(1)) <= 100):
+                continue
+            found.append(
+                f"rollout_batches: {batch!r} is not a batch size; each entry is a host count >= 1 or a percentage "
+                "'1%'-'100%'."
+            )
+    for name, value in (settings.get("probe") or {}).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or number <= 0 or isinstance(value, bool):
+            found.append(f"{name} = {value!r} is not a positive number; set it to one (see roles/rollout/defaults).")
+    package_set, package_sets = settings.get("package_set"), settings.get("package_sets")
+    if package_sets is not None and package_set not in package_sets:
+        found.append(
+            f"sglang_venv_package_set = {package_set!r} is not in sglang_venv_package_sets (known: "
+            f"{', '.join(sorted(package_sets))}); pick one of them."
+        )
+    return found
+
+
+def port_findings(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Ports held by other processes: registered results of check_port.py, one per instance."""
+    found = []
+    for result in results:
+        if result.get("skipped") or result.get("rc", 0) == 0:
+            continue
+        entry = result.get("item") or {}
+        try:
+            conflicts = json.loads(result.get("stdout") or "{}").get("conflicts", [])
+        except ValueError:
+            conflicts = []
+        held = "; ".join(f"{', '.join(c.get('processes', []))} listening on {c.get('listen')}" for c in conflicts)
+        found.append(
+            f"{entry.get('unit')}: port {entry.get('port')} on {entry.get('bind')} is taken by "
+            f"{held or (result.get('stderr') or result.get('msg') or 'another process').strip()}; choose another "
+            "`port` for this instance in sglang_service_instances or stop that process."
+        )
+    return found
+
+
+def argument_spec_findings(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Errors of ansible.builtin.validate_argument_spec, one result per role."""
+    found = []
+    for result in results:
+        if result.get("skipped"):
+            continue
+        role = result.get("item", "?")
+        for error in result.get("argument_errors") or []:
+            found.append(f"{error} (roles/{role}/meta/argument_specs.yml); fix that variable in the inventory or -e.")
+    return found
+
+
+def summary(findings: Sequence[Any], host: str, note: str = "") -> str:
+    """One message for every finding on a host."""
+    items = [" ".join(str(item).split()) for item in findings if item]
+    lines = [f"preflight found {len(items)} problem(s) on {host}{'; ' + note if note else ''}:"]
+    lines += [f"  {number}. {item}" for number, item in enumerate(items, start=1)]
+    return "\n".join(lines)
+
+
+class FilterModule:
+    """Jinja filters of the preflight role."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "preflight_host_findings": host_findings,
+            "preflight_gpus_found": gpus_found,
+            "preflight_ram_findings": ram_findings,
+            "preflight_disk_findings": disk_findings,
+            "preflight_sglang_argv": sglang_argv,
+            "preflight_service_findings": service_findings,
+            "preflight_rollout_findings": rollout_findings,
+            "preflight_port_findings": port_findings,
+            "preflight_argument_spec_findings": argument_spec_findings,
+            "preflight_summary": summary,
+        }
