@@ -47,6 +47,11 @@ options:
   api_key:
     description: Sent as C(Authorization) C(Bearer) header when the server runs with C(--api-key).
     type: str
+  admin_api_key:
+    description:
+      - The server's C(--admin-api-key). SGLang then takes only this key on its admin endpoints, of
+        which the probe uses C(/flush_cache); every other request still carries O(api_key).
+    type: str
   input_len:
     description: Exact number of prompt token ids per request (the seed used 128K).
     type: int
@@ -362,7 +367,7 @@ def main():
     failure = None
     try:
         baseline = load_baseline(p.get("baseline"))
-        client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
+        client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"], p.get("admin_api_key"))
     except ProbeError as exc:
         failure = str(exc)
     if failure:

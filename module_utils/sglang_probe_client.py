@@ -173,10 +173,13 @@ def parse_url(url: object) -> tuple[str, str, int, str]:
 
 
 class SGLangClient:
-    def __init__(self, url: str, api_key: str | None = None, request_timeout: float = 900.0) -> None:
+    def __init__(self, url: str, api_key: str | None = None, request_timeout: float = 900.0,
+                 admin_api_key: str | None = None) -> None:
         self.scheme, self.host, self.port, self.prefix = parse_url(url)
         self.url = url.strip().rstrip("/")
         self.api_key = api_key
+        # SGLang's --admin-api-key: when set, admin endpoints (/flush_cache) take only this key.
+        self.admin_api_key = admin_api_key
         self.request_timeout = request_timeout
         self.requests_sent = 0
 
@@ -185,21 +188,26 @@ class SGLangClient:
             return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
-    def _headers(self, body: bool) -> dict:
+    def _headers(self, body: bool, admin: bool = False) -> dict:
         headers = {"Accept": "*/*", "User-Agent": "hicache-fleet-sglang-cache-probe"}
         if body:
             headers["Content-Type"] = "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        key = self.admin_api_key if admin and self.admin_api_key else self.api_key
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         return headers
 
     def _status_error(self, method: str, path: str, status: int, reason: str, body: bytes) -> HttpStatusError:
         excerpt = _excerpt(body)
         where = f"{method} {self.url}{path}"
         if status in (401, 403):
-            if self.api_key:
+            if path == "/flush_cache" and self.admin_api_key:
+                msg = (f"{where} answered HTTP {status} ({excerpt or reason}): the server rejected the "
+                       "admin_api_key; set admin_api_key to the server's --admin-api-key.")
+            elif self.api_key:
                 msg = (f"{where} answered HTTP {status} ({excerpt or reason}): the server rejected the api_key; "
-                       "set api_key to the server's --api-key (flush_cache may need --admin-api-key).")
+                       "set api_key to the server's --api-key (a server with --admin-api-key takes only that "
+                       "key on /flush_cache: set admin_api_key).")
             else:
                 msg = (f"{where} answered HTTP {status} ({excerpt or reason}): the server requires an API key; "
                        "set the module's api_key option to its --api-key.")
@@ -219,13 +227,14 @@ class SGLangClient:
         return ConnectError(f"{where} failed: {type(exc).__name__}: {exc}")
 
     def request(self, method: str, path: str, body: bytes | None = None,
-                timeout: float | None = None) -> tuple[int, bytes]:
-        """One plain request; returns (status, body). Raises ConnectError/ProbeError on network faults."""
+                timeout: float | None = None, admin: bool = False) -> tuple[int, bytes]:
+        """One plain request; returns (status, body). Raises ConnectError/ProbeError on network faults.
+        admin: an admin endpoint, sent with admin_api_key when one is set."""
         timeout = timeout or min(self.request_timeout, CONTROL_TIMEOUT_S)
         conn = self._connection(timeout)
         try:
             self.requests_sent += 1
-            conn.request(method, self.prefix + path, body=body, headers=self._headers(body is not None))
+            conn.request(method, self.prefix + path, body=body, headers=self._headers(body is not None, admin))
             resp = conn.getresponse()
             data = resp.read()
             return resp.status, data
@@ -397,7 +406,7 @@ def flush_cache(client: SGLangClient, flush_timeout: float,
     last = ""
     while attempts < max_attempts:
         attempts += 1
-        status, data = client.request("POST", "/flush_cache", body=b"")
+        status, data = client.request("POST", "/flush_cache", body=b"", admin=True)
         if status == 200:
             return attempts
         if status in (401, 403, 404) or status >= 500:

@@ -41,6 +41,7 @@ def mean(values: list) -> float | None:
 ARGUMENT_SPEC = {
     "url": {"type": "str", "default": "http://127.0.0.1:30000"},
     "api_key": {"type": "str", "no_log": True},
+    "admin_api_key": {"type": "str", "no_log": True},
     "input_len": {"type": "int", "default": 128000},
     "cold_output_len": {"type": "int", "default": 512},
     "warm_output_len": {"type": "int", "default": 16},

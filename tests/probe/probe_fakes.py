@@ -31,6 +31,7 @@ class FakeState:
         hicache: bool = True,
         cache_report: bool = True,
         api_key: str | None = None,
+        admin_api_key: str | None = None,
         s_per_token: float = 0.0002,
         busy_flushes: int = 0,
         error_body: str = "Internal Server Error: HIP out of memory while allocating the KV pool",
@@ -41,6 +42,7 @@ class FakeState:
         self.hicache = hicache
         self.cache_report = cache_report
         self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.s_per_token = s_per_token
         self.busy_flushes = busy_flushes
         self.error_body = error_body
@@ -104,6 +106,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _authorized(self) -> bool:
         key = self.state.api_key
+        # Like SGLang's --admin-api-key: admin endpoints then take that key only.
+        if self.state.admin_api_key is not None and self.path.split("?")[0] == "/flush_cache":
+            key = self.state.admin_api_key
         if key is None or self.headers.get("Authorization") == f"Bearer {key}":
             return True
         self._json({"error": "Unauthorized"}, 401)

@@ -1,11 +1,11 @@
-"""The TTFT charts (scripts/fleet_report.py) keep a warm bar readable next to a cold bar 60x longer."""
+"""The TTFT charts (roles/rollout/files/fleet_report.py) keep a warm bar readable next to a cold bar 60x longer."""
 
 from __future__ import annotations
 
 import pytest
 from plugins import load
 
-report = load("scripts/fleet_report.py")
+report = load("roles/rollout/files/fleet_report.py", "fleet_report")
 
 
 def test_close_bars_keep_a_linear_axis():

@@ -12,7 +12,7 @@ from probe_fakes import FakeServer, free_port
 
 
 def probe_once(p):
-    client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"])
+    client = SGLangClient(p["url"], p.get("api_key"), p["request_timeout"], p.get("admin_api_key"))
     result = run_probe(p, client)
     result["gate"] = evaluate_gate(result, p)
     return result
@@ -100,6 +100,18 @@ def test_401_without_and_with_wrong_key(params):
             probe_once(params(url=srv.url, api_key="wrong"))
         result = probe_once(params(url=srv.url, api_key="s3cret", tier="device"))
     assert result["warm"]["device"]["median_cached_tokens"] == 511
+
+
+def test_admin_key_only_on_flush(params):
+    with FakeServer(api_key="s3cret", admin_api_key="adm1n") as srv:
+        with pytest.raises(ProbeError, match=r"/flush_cache answered HTTP 401.*set admin_api_key"):
+            probe_once(params(url=srv.url, api_key="s3cret", tier="device"))
+        with pytest.raises(ProbeError, match="rejected the admin_api_key"):
+            probe_once(params(url=srv.url, api_key="s3cret", admin_api_key="wrong", tier="device"))
+        result = probe_once(params(url=srv.url, api_key="s3cret", admin_api_key="adm1n", tier="device"))
+        flushes = [path for method, path in srv.state.requests if path == "/flush_cache"]
+    assert result["warm"]["device"]["median_cached_tokens"] == 511
+    assert flushes, "the probe never flushed the cache"
 
 
 def test_stream_cut_midway(params):
