@@ -55,3 +55,27 @@ def test_defaults_pass_the_role_argument_specs(role, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert f"ok={len(points)} " in result.stdout, result.stdout[-2000:]
+
+
+def options(spec: dict):
+    """Every option of an entry point, suboptions included, as (name, option) pairs."""
+    for name, opt in (spec.get("options") or {}).items():
+        yield name, opt
+        yield from options(opt)
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_specs_hold_when_preflight_validates_every_entry_point_at_once(role):
+    """preflight checks the inventory against all entry points of every role merged (no role
+    defaults loaded): a templated default of a typed option reaches the check unrendered and an
+    option required by one entry point is required of every inventory."""
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    problems = []
+    for point, spec in specs.items():
+        for name, opt in options(spec):
+            default = opt.get("default")
+            if isinstance(default, str) and "{{" in default and opt.get("type", "str") not in ("str", "path", "raw"):
+                problems.append(f"{point}.{name}: templated default of type {opt['type']}")
+            if point != "main" and opt.get("required") and name in (spec.get("options") or {}):
+                problems.append(f"{point}.{name}: required outside the main entry point")
+    assert not problems, problems
