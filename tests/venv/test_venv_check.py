@@ -37,8 +37,8 @@ TEST_MINIMAL = package_set_expectation("test-minimal")
 @pytest.fixture(scope="module")
 def cpu_wheel() -> zipfile.ZipFile:
     if not WHEELS:
-        pytest.skip("the real CPU torch wheel is not in .cache/wheelhouse/ (playbooks/wheelhouse.yml or "
-                    "make demo builds it; /work/brief/seed-cache.sh links it in a worktree)")
+        pytest.skip("the real CPU torch wheel is not in .cache/wheelhouse/ yet (playbooks/wheelhouse.yml, "
+                    "make demo or the molecule stage of make test builds it)")
     return zipfile.ZipFile(WHEELS[0])
 
 
