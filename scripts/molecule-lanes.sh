@@ -162,4 +162,13 @@ done <"$logs/lanes.status"
 for s in "${scenarios[@]}"; do
   grep -q "^$s " "$logs/lanes.status" || { echo "   $s not run (a scenario failed before)"; status=1; }
 done
+# What failed, last, where a short tail of the output (CI's) still shows it: the verifier's failed
+# tests and their first assertion lines, or the failed Ansible tasks.
+while read -r s rc secs; do
+  [ "$rc" -eq 0 ] && continue
+  echo "== $s failed at:"
+  sed -E 's/\x1b\[[0-9;]*m//g; s/^ *[0-9]+ //' "$logs/molecule-$s.log" |
+    grep -E '^(FAILED |ERROR |E  |fatal: |TASK \[)' | grep -B1 -E '^(FAILED|ERROR|E  |fatal:)' |
+    grep -v -- '^--$' | cut -c1-300 | tail -n 20
+done <"$logs/lanes.status"
 exit $status
