@@ -3,6 +3,9 @@
 the converged demo fleet against an Ansible floor measured in the same run (a play with fact
 gathering and one no-op task on the same hosts), as a ratio; and the wall time for 1 vs 3 hosts.
 With Mitogen installed (requirements/mitogen.txt), the same again under its mitogen_linear strategy.
+Then a change that touches one host of the fleet (a host_vars file written into the inventory for
+the second host, removed afterwards, and the run that takes it back): which hosts restarted (their
+unit's MainPID), which were probed (the run report's verdicts) and which the serial batches visited.
 
 Needs a converged fleet: the demo fleet (`make demo` first), or any inventory whose first host is named
 with --one. Usage: benchmarks/rollout_rerun.py [--runs N] [--inventory DIR --one HOST] [--no-mitogen]
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import statistics
@@ -21,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -89,6 +95,74 @@ def measure(label: str, strategy_env: dict[str, str], args: argparse.Namespace, 
     return rows
 
 
+BATCH_PLAY = "Rollout | gated activation of the hosts that change, batch by batch"
+
+
+def main_pids(inventory: Path, hosts: list[str]) -> dict[str, str]:
+    """Each host's sglang-main.service MainPID, read over Ansible's own connection."""
+    argv = [str(BIN / "ansible"), "-i", str(inventory), ",".join(hosts), "-o", "-m", "ansible.builtin.command",
+            "-a", "systemctl show -p MainPID --value sglang-main.service"]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=True).stdout
+    return {m.group(1): m.group(2) for m in re.finditer(r"^(\S+) \| CHANGED \| rc=0 \| \(stdout\) (\d+)", out, re.M)}
+
+
+def batch_hosts(stdout: str) -> list[str]:
+    """The hosts the serial batch play ran tasks on (its task results up to the next play)."""
+    play = stdout.split(f"PLAY [{BATCH_PLAY}]", 1)
+    if len(play) < 2:
+        return []
+    body = play[1].split("\nPLAY [", 1)[0]
+    found = re.findall(r"^(?:ok|changed|failed|fatal): \[([^\]]+)\]", body, re.M)
+    return sorted({name.split(" -> ")[0] for name in found})
+
+
+def skipped_as_converged(stdout: str) -> list[str]:
+    """The hosts site.yml's fast path skipped (roles/rollout tasks/converged.yml says so per host)."""
+    return sorted(set(re.findall(r"msg: '(\S+): converged: its recorded release", stdout)))
+
+
+def report_verdicts(inventory: Path) -> dict[str, str]:
+    runs = sorted((inventory / "reports" / "rollout").glob("*/rollout.json"))
+    if not runs:
+        return {}
+    return {h["host"]: h["verdict"] for h in json.loads(runs[-1].read_text())["hosts"]}
+
+
+def one_host_change(inventory: Path) -> None:
+    """A change touching one host of the fleet, then its revert; prints what each run touched."""
+    hosts_file = inventory / "hosts.yml"
+    hosts = list(yaml.safe_load(hosts_file.read_text())["sglang_hosts"]["hosts"])
+    target = hosts[1]
+    group_vars = yaml.safe_load((inventory / "group_vars" / "sglang_hosts" / "demo.yml").read_text())
+    host_vars = inventory / "host_vars" / f"{target}.yml"
+    if host_vars.exists():
+        print(f"one-host change: {host_vars} exists already; skipped")
+        return
+    environment = {**group_vars["sglang_service_environment"], "HICACHE_FLEET_BENCH": "one-host change"}
+    rows = []
+    try:
+        host_vars.parent.mkdir(exist_ok=True)
+        host_vars.write_text(yaml.safe_dump({"sglang_service_environment": environment}))
+        for label in ("change on " + target, "revert"):
+            before = main_pids(inventory, hosts)
+            elapsed, out = run(ROOT / "site.yml", None, inventory, {})
+            after = main_pids(inventory, hosts)
+            restarted = [h for h in hosts if before.get(h) != after.get(h)]
+            verdicts = report_verdicts(inventory)
+            probed = [h for h in hosts if verdicts.get(h) == "passed"]
+            rows.append((label, elapsed, restarted, probed, batch_hosts(out), skipped_as_converged(out), verdicts))
+            host_vars.unlink(missing_ok=True)
+    finally:
+        host_vars.unlink(missing_ok=True)
+        if host_vars.parent.exists() and not any(host_vars.parent.iterdir()):
+            host_vars.parent.rmdir()
+    for label, elapsed, restarted, probed, batched, converged, verdicts in rows:
+        print(f"one-host change, {label}: site.yml {elapsed:.1f} s; skipped as converged {converged or 'none'}; "
+              f"restarted {restarted or 'none'}; probed {probed or 'none'}; visited by the serial batches "
+              f"{batched or 'none'}; report {verdicts}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
@@ -97,6 +171,7 @@ def main() -> int:
     parser.add_argument("--one", default=os.environ.get("HICACHE_FLEET_BENCH_ONE") or "demo-1",
                         help="the host of the 1-host case")
     parser.add_argument("--no-mitogen", action="store_true", help="skip the Mitogen rows even when it is installed")
+    parser.add_argument("--no-change", action="store_true", help="skip the one-host change and its revert")
     args = parser.parse_args()
     strategies = [("ssh (linear)", {})]
     mitogen = None if args.no_mitogen else mitogen_strategy_dir()
@@ -106,6 +181,14 @@ def main() -> int:
         strategies.append(("mitogen_linear", {"ANSIBLE_STRATEGY_PLUGINS": str(mitogen),
                                               "ANSIBLE_STRATEGY": "mitogen_linear",
                                               "ANSIBLE_HOST_KEY_CHECKING": "False"}))
+    # Untimed: a whole run first, so that every host is converged and has its record (a run after a
+    # change of the toolkit or the inventory is a whole run, not a re-run).
+    try:
+        warm_s = run(ROOT / "site.yml", None, args.inventory, {})[0]
+    except RuntimeError as exc:
+        print(f"the warm-up run failed, no figures: {exc}")
+        return 1
+    print(f"  warm-up: site.yml on all hosts {warm_s:.1f} s (untimed below)", flush=True)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         floor = Path(tmp) / "floor.yml"
@@ -138,6 +221,8 @@ def main() -> int:
         print("Mitogen not installed (pip install -r requirements/mitogen.txt): no mitogen_linear rows")
     print(f"medians of {args.runs} runs each; load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"({os.cpu_count()} cores)")
+    if not args.no_change:
+        one_host_change(args.inventory)
     return 0
 
 

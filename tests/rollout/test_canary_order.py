@@ -25,38 +25,51 @@ sglang_hosts:
       hosts: {a1: {}, a2: {}, a3: {}}
     sglang_canary:
       hosts: {c1: {}}
-  vars: {ansible_connection: local}
+  vars: {ansible_connection: local, rollout_leaving: [main]}
 """
 
 
-def rollout_plays() -> tuple[dict, dict]:
-    """The order play and the batch play of playbooks/rollout.yml, as written there."""
+def rollout_plays() -> tuple[dict, dict, dict, dict]:
+    """The order, stage, unchanged and batch plays of playbooks/rollout.yml, as written there."""
     plays = {play["name"]: play for play in yaml.safe_load((ROOT / "playbooks" / "rollout.yml").read_text())}
     order = plays["Rollout | the order of the hosts (the canary first)"]
-    batches = plays["Rollout | gated activation, batch by batch"]
-    return order, batches
+    stage = plays["Rollout | stage every host's release (in parallel; nothing live changes)"]
+    unchanged = plays["Rollout | the hosts that do not change, all at once"]
+    batches = plays["Rollout | gated activation of the hosts that change, batch by batch"]
+    return order, stage, unchanged, batches
 
 
 def playbook() -> list[dict]:
-    """The real order play, then the real batch play's hosts, serial and canary, reporting each batch."""
-    order, batches = rollout_plays()
-    return [
-        order,
-        {
-            "name": "batches",
-            "hosts": batches["hosts"],
+    """The real order play; the stage play's hosts with its real split into the hosts that change
+    (here: those whose inventory says rollout_leaving, as tasks/plan.yml would find them) and those
+    that do not; then the unchanged play's hosts and the real batch play's hosts, serial and canary,
+    reporting each batch."""
+    order, stage, unchanged, batches = rollout_plays()
+    [classify] = [task for task in stage["tasks"]
+                  if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "classify"]
+
+    def report(play: dict, what: str, **keywords) -> dict:
+        return {
+            "name": what,
+            "hosts": play["hosts"],
             "gather_facts": False,
-            "serial": batches["serial"],
+            **keywords,
             "vars": {"rollout_canary": batches["vars"]["rollout_canary"]},
             "tasks": [
                 {
                     "ansible.builtin.debug": {
-                        "msg": "BATCH {{ ansible_play_batch | join(',') }} CANARY {{ rollout_canary }}"
+                        "msg": what + " {{ ansible_play_batch | join(',') }} CANARY {{ rollout_canary }}"
                     },
                     "run_once": True,
                 }
             ],
-        },
+        }
+
+    return [
+        order,
+        {"name": "stage", "hosts": stage["hosts"], "gather_facts": False, "tasks": [classify]},
+        report(unchanged, "UNCHANGED"),
+        report(batches, "BATCH", serial=batches["serial"]),
     ]
 
 
@@ -72,10 +85,15 @@ def batches(tmp_path: Path, *extra: str) -> list[tuple[list[str], str]]:
     )
     found = []
     for line in out.stdout.splitlines():
-        if "BATCH " in line:
-            hosts, canary = line.split("BATCH ", 1)[1].strip('"').split(" CANARY ")
-            found.append((hosts.split(","), canary))
+        for what in ("UNCHANGED ", "BATCH "):
+            if what in line and "msg" in line:
+                hosts, canary = line.split(what, 1)[1].rstrip().rstrip("'\"").split(" CANARY")
+                found.append((what.strip(), hosts.split(","), canary.strip()))
     return found
+
+
+def batches_of(found: list[tuple[str, list[str], str]]) -> list[tuple[list[str], str]]:
+    return [(hosts, canary) for what, hosts, canary in found if what == "BATCH"]
 
 
 @pytest.mark.parametrize(
@@ -95,4 +113,35 @@ def batches(tmp_path: Path, *extra: str) -> list[tuple[list[str], str]]:
     ],
 )
 def test_the_canary_leads_and_limit_cuts_the_batches(tmp_path, extra, expected):
-    assert batches(tmp_path, *extra) == expected
+    found = batches(tmp_path, *extra)
+    assert batches_of(found) == expected
+    assert [what for what, _, _ in found if what == "UNCHANGED"] == []
+
+
+@pytest.mark.parametrize(
+    ("unchanged", "extra", "expected_batches", "expected_unchanged"),
+    [
+        # The canary host does not change: it is verified with the other unchanged hosts at once,
+        # and the first host that changes leads the batches as the canary.
+        (["c1"], [], [(["a1"], "a1"), (["a2"], "a1"), (["a3"], "a1")], ["c1"]),
+        # One host of four changes: it alone is batched; the other three are never in a batch.
+        (["c1", "a1", "a3"], [], [(["a2"], "a2")], ["c1", "a1", "a3"]),
+        # Nothing changes: no batch at all.
+        (["c1", "a1", "a2", "a3"], [], [], ["c1", "a1", "a2", "a3"]),
+        # Batch sizes count the hosts that change only.
+        (["a1"], ["-e", '{"rollout_batches": [1, "100%"]}'], [(["c1"], "c1"), (["a2", "a3"], "c1")], ["a1"]),
+    ],
+)
+def test_only_the_hosts_that_change_are_batched(tmp_path, unchanged, extra, expected_batches, expected_unchanged):
+    host_vars = tmp_path / "host_vars"
+    host_vars.mkdir()
+    for host in unchanged:
+        (host_vars / f"{host}.yml").write_text("rollout_leaving: []\n")
+    found = batches(tmp_path, *extra)
+    assert batches_of(found) == expected_batches
+    unchanged_plays = [(hosts, canary) for what, hosts, canary in found if what == "UNCHANGED"]
+    if expected_unchanged:
+        canary = expected_batches[0][1] if expected_batches else ""
+        assert unchanged_plays == [(expected_unchanged, canary)]
+    else:
+        assert unchanged_plays == []

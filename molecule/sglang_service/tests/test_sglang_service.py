@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from datetime import datetime
@@ -82,7 +83,7 @@ def http(port: int, path: str, key: str | None = "") -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         request = urllib.request.Request(f"http://{ADDRESS}:{port}{path}", headers=headers)
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
@@ -313,7 +314,14 @@ def test_the_real_sglang_parser_runs_under_the_sandbox(host):
     try:
         host.run("systemctl daemon-reload")
         started = host.run("systemctl start sglang-sandbox-check.service")
-        log = host.run("journalctl -u sglang-sandbox-check.service --no-pager -o cat -n 20").stdout
+        # journald takes the unit's last line asynchronously: on a loaded host it may land after
+        # `systemctl start` returned. Read it again for up to 30 s.
+        log = ""
+        for _ in range(30):
+            log = host.run("journalctl -u sglang-sandbox-check.service --no-pager -o cat -n 20").stdout
+            if '{"ok": true' in log or started.rc != 0:
+                break
+            time.sleep(1)
         assert started.rc == 0, log
         assert '{"ok": true, "version": "0.5.23"}' in log, log
         assert "SystemCallFilter=" in host.check_output("systemctl cat sglang-sandbox-check.service")

@@ -1,0 +1,111 @@
+"""The controller's fingerprint of a host's desired release (roles/rollout/tasks/converged.yml).
+
+site.yml lets a host skip its phases when the host's record (library/fleet_release_state) holds
+the same fingerprint and its drift check passes. The fingerprint is a SHA-256 over what decides
+the release, read on the controller without touching the host:
+- the host's values of every option the roles declare (roles/*/meta/argument_specs.yml), as the
+  inventory and extra vars set them (templated; a value that cannot be templated before facts are
+  gathered counts by its raw text);
+- the content of every controller file such a value names by an absolute path (model manifests,
+  lock files, CA bundles): editing a manifest in place changes the release;
+- the toolkit itself: every file of site.yml, ansible.cfg, playbooks/, roles/, library/,
+  module_utils/ and callback_plugins/ but documentation (*.md) and byte code, so that a new
+  version of a role walks every host through its phases once.
+It is never stored in plain: the module keeps an HMAC of it under a key that lives on the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+# What the site's phases read: the roles whose options make up a host's release.
+ROLES = ("preflight", "rocm", "sglang_venv", "models", "sglang_service", "rollout")
+# Options that describe the run, not the release (set per run or per play, or switch the fast path).
+NOT_RELEASE = frozenset({
+    "rollout_canary", "rollout_fast_path", "rollout_report_dir", "rollout_report_note", "rollout_lock_break",
+    "rollout_lock_stale_after_s", "rollout_lock_controller_path", "rollout_router_drain_grace_s",
+    "rollout_router_wait_s",
+})
+TREE = ("site.yml", "ansible.cfg", "playbooks", "roles", "library", "module_utils", "callback_plugins")
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+_tree_digests: dict[str, str] = {}
+_options: dict[str, tuple[str, ...]] = {}
+
+
+def _role_options(root: str) -> tuple[str, ...]:
+    if root not in _options:
+        names: set[str] = set()
+        for role in ROLES:
+            with open(os.path.join(root, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as spec:
+                for entry in (yaml.safe_load(spec) or {}).get("argument_specs", {}).values():
+                    names.update((entry or {}).get("options") or {})
+        _options[root] = tuple(sorted(names - NOT_RELEASE))
+    return _options[root]
+
+
+def _tree_digest(root: str) -> str:
+    """SHA-256 over the toolkit's files (path and content), in a stable order."""
+    if root not in _tree_digests:
+        digest = hashlib.sha256()
+        for top in TREE:
+            path = os.path.join(root, top)
+            files = [path] if os.path.isfile(path) else []
+            for folder, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                files += [os.path.join(folder, n) for n in sorted(names) if not n.endswith((".md", ".pyc"))]
+            for name in files:
+                digest.update(os.path.relpath(name, root).encode() + b"\0")
+                with open(name, "rb") as handle:
+                    digest.update(hashlib.sha256(handle.read()).digest())
+        _tree_digests[root] = digest.hexdigest()
+    return _tree_digests[root]
+
+
+def _named_files(value: Any, found: dict[str, str]) -> None:
+    """Content digests of the controller files that a value names by an absolute path."""
+    if isinstance(value, Mapping):
+        for item in value.values():
+            _named_files(item, found)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _named_files(item, found)
+    elif isinstance(value, str) and value.startswith("/") and "\n" not in value and value not in found:
+        try:
+            if os.path.isfile(value) and os.path.getsize(value) <= MAX_FILE_BYTES:
+                with open(value, "rb") as handle:
+                    found[value] = hashlib.sha256(handle.read()).hexdigest()
+        except OSError:
+            found[value] = "unreadable"
+
+
+def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any], root: str) -> str:
+    """The fingerprint of a host's desired release (see the module docstring).
+
+    host_vars: hostvars[inventory_hostname] (templated on access); raw_vars: hostvars.raw_get(...)
+    for the values that cannot be templated yet; root: the project's directory."""
+    inputs: dict[str, Any] = {}
+    for name in _role_options(root):
+        if name not in raw_vars:
+            continue
+        try:
+            value = host_vars[name]
+            json.dumps(value, sort_keys=True, default=str)
+        except Exception:  # whatever templating raises, the raw text still decides
+            value = {"raw": str(raw_vars[name])}
+        inputs[name] = value
+    files: dict[str, str] = {}
+    _named_files(inputs, files)
+    material = {"options": inputs, "files": files, "toolkit": _tree_digest(root)}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"rollout_release_fingerprint": rollout_release_fingerprint}

@@ -1,0 +1,90 @@
+"""The controller's fingerprint of a host's desired release (roles/rollout/filter_plugins/
+rollout_converged.py), which site.yml's fast path compares with the host's record: what changes it
+(a role option, a file an option names, the toolkit's own files) and what does not (a variable no
+role reads, documentation, the order in which the inventory lists things)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from plugins import load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the toolkit's files the fingerprint reads (the roles' specs and the trees)."""
+    copy = tmp_path / "project"
+    copy.mkdir()
+    for top in ("site.yml", "ansible.cfg"):
+        shutil.copy(ROOT / top, copy / top)
+    for top in ("playbooks", "roles", "library", "module_utils", "callback_plugins"):
+        shutil.copytree(ROOT / top, copy / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return copy
+
+
+def fingerprint(project: Path, host_vars: dict, raw: dict | None = None) -> str:
+    # A fresh load each time: the filter caches the toolkit's digest per process.
+    module = load("roles/rollout/filter_plugins/rollout_converged.py")
+    return module.rollout_release_fingerprint(host_vars, raw if raw is not None else host_vars, str(project))
+
+
+class Templating(dict):
+    """hostvars[host] as Ansible hands it over: values templated on access, some not yet possible."""
+
+    def __init__(self, values: dict, failing: set[str]):
+        super().__init__(values)
+        self.failing = failing
+
+    def __getitem__(self, name):
+        if name in self.failing:
+            raise RuntimeError(f"'{name}' needs facts that are not gathered yet")
+        return super().__getitem__(name)
+
+
+def test_the_same_inputs_give_the_same_fingerprint_and_unrelated_ones_do_not_count(project):
+    base = {"sglang_service_hicache_args": {"--hicache-size": 2, "--hicache-ratio": "2.0"}, "rocm_version": "7.2"}
+    first = fingerprint(project, base)
+    assert len(first) == 64
+    # Key order, a variable no role declares, and connection settings are not the release.
+    reordered = {"rocm_version": "7.2", "sglang_service_hicache_args": {"--hicache-ratio": "2.0", "--hicache-size": 2}}
+    assert fingerprint(project, {**reordered, "my_note": "x", "ansible_host": "10.0.0.9"}) == first
+    # A run setting (the canary, the report note) is not the release either.
+    assert fingerprint(project, {**base, "rollout_canary": "h9", "rollout_report_note": "Tuesday"}) == first
+
+
+def test_a_role_option_changes_it(project):
+    base = {"sglang_service_hicache_args": {"--hicache-size": 2}}
+    assert fingerprint(project, {"sglang_service_hicache_args": {"--hicache-size": 4}}) != fingerprint(project, base)
+    assert fingerprint(project, {**base, "models_main": {"name": "m"}}) != fingerprint(project, base)
+
+
+def test_a_file_an_option_names_changes_it_when_edited_in_place(project, tmp_path):
+    manifest = tmp_path / "main.manifest.yml"
+    manifest.write_text("files: {a.safetensors: abc}\n")
+    values = {"models_main": {"name": "m", "manifest_file": str(manifest)}}
+    before = fingerprint(project, values)
+    manifest.write_text("files: {a.safetensors: def}\n")
+    assert fingerprint(project, values) != before
+
+
+def test_the_toolkits_own_files_change_it_but_not_its_docs(project):
+    values = {"rocm_version": "7.2"}
+    before = fingerprint(project, values)
+    (project / "roles" / "rollout" / "README.md").write_text("other words\n")
+    assert fingerprint(project, values) == before
+    template = project / "roles" / "sglang_service" / "templates" / "sglang.service.j2"
+    template.write_text(template.read_text() + "# a new line in the unit template\n")
+    assert fingerprint(project, values) != before
+
+
+def test_a_value_that_cannot_be_templated_yet_counts_by_its_raw_text(project):
+    raw = {"preflight_hicache_size_gb": "{{ ansible_memtotal_mb // 2048 }}", "rocm_version": "7.2"}
+    values = Templating({"preflight_hicache_size_gb": None, "rocm_version": "7.2"}, {"preflight_hicache_size_gb"})
+    first = fingerprint(project, values, raw)
+    assert first == fingerprint(project, values, dict(raw))
+    raw_changed = {**raw, "preflight_hicache_size_gb": "{{ ansible_memtotal_mb // 4096 }}"}
+    assert fingerprint(project, values, raw_changed) != first
