@@ -34,12 +34,29 @@ ROCM = package_set_expectation("rocm-gfx1100")
 TEST_MINIMAL = package_set_expectation("test-minimal")
 
 
+def minimal_torch_pin() -> str:
+    """The torch requirement the test-minimal set installs (its constraint, e.g. torch==2.13.0)."""
+    defaults = yaml.safe_load((ROOT / "roles/sglang_venv/defaults/main.yml").read_text())
+    return next(c for c in defaults["sglang_venv_package_sets"]["test-minimal"]["constraints"] if c.startswith("torch"))
+
+
 @pytest.fixture(scope="module")
-def cpu_wheel() -> zipfile.ZipFile:
-    if not WHEELS:
-        pytest.skip("the real CPU torch wheel is not in .cache/wheelhouse/ yet (playbooks/wheelhouse.yml, "
-                    "make demo or the molecule stage of make test builds it)")
-    return zipfile.ZipFile(WHEELS[0])
+def cpu_wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """The test wheelhouse's CPU torch wheel; before the wheelhouse is built (make test builds it beside
+    pytest), the same wheel fetched by pip as the wheelhouse playbook would."""
+    wheels = WHEELS
+    if not wheels:
+        into = tmp_path_factory.mktemp("torch-wheel")
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+             "-d", str(into), minimal_torch_pin()],
+            capture_output=True, text=True, timeout=900, check=False,
+        )
+        wheels = sorted(into.glob("torch-*+cpu-*.whl"))
+        if not wheels:
+            pytest.skip(f"no CPU torch wheel: not in .cache/wheelhouse/ and pip download gave none: "
+                        f"{(fetched.stderr or fetched.stdout)[-500:]}")
+    return zipfile.ZipFile(wheels[0])
 
 
 def test_the_sets_say_what_they_expect():
