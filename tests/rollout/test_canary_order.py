@@ -122,10 +122,11 @@ def test_the_canary_leads_and_limit_cuts_the_batches(tmp_path, extra, expected):
     ("unchanged", "extra", "expected_batches", "expected_unchanged"),
     [
         # The canary host does not change: it is verified with the other unchanged hosts at once,
-        # and the first host that changes leads the batches as the canary.
-        (["c1"], [], [(["a1"], "a1"), (["a2"], "a1"), (["a3"], "a1")], ["c1"]),
+        # and the first host that changes leads the batches alone. The canary's prompt length stays
+        # with the canary host (it is not probed in this run).
+        (["c1"], [], [(["a1"], "c1"), (["a2"], "c1"), (["a3"], "c1")], ["c1"]),
         # One host of four changes: it alone is batched; the other three are never in a batch.
-        (["c1", "a1", "a3"], [], [(["a2"], "a2")], ["c1", "a1", "a3"]),
+        (["c1", "a1", "a3"], [], [(["a2"], "c1")], ["c1", "a1", "a3"]),
         # Nothing changes: no batch at all.
         (["c1", "a1", "a2", "a3"], [], [], ["c1", "a1", "a2", "a3"]),
         # Batch sizes count the hosts that change only.
@@ -141,7 +142,6 @@ def test_only_the_hosts_that_change_are_batched(tmp_path, unchanged, extra, expe
     assert batches_of(found) == expected_batches
     unchanged_plays = [(hosts, canary) for what, hosts, canary in found if what == "UNCHANGED"]
     if expected_unchanged:
-        canary = expected_batches[0][1] if expected_batches else ""
-        assert unchanged_plays == [(expected_unchanged, canary)]
+        assert unchanged_plays == [(expected_unchanged, "c1")]
     else:
         assert unchanged_plays == []
