@@ -88,3 +88,12 @@ def test_a_value_that_cannot_be_templated_yet_counts_by_its_raw_text(project):
     assert first == fingerprint(project, values, dict(raw))
     raw_changed = {**raw, "preflight_hicache_size_gb": "{{ ansible_memtotal_mb // 4096 }}"}
     assert fingerprint(project, values, raw_changed) != first
+
+
+def test_what_the_run_itself_sets_does_not_count(project):
+    """rocm_release is a role option and also set by the rocm role (set_fact, cached): the value cached
+    from the last run describes that run, so it must not make the next run look like a new release."""
+    base = {"rocm_source": "distro", "rocm_distro_packages": []}
+    first = fingerprint(project, {**base, "rocm_release": {"packages": {"rocminfo": None}}})
+    assert fingerprint(project, {**base, "rocm_release": {"packages": {"librocm-smi-dev": None}}}) == first
+    assert fingerprint(project, {**base, "rocm_distro_packages": ["librocm-smi-dev"]}) != first

@@ -39,14 +39,34 @@ _tree_digests: dict[str, str] = {}
 _options: dict[str, tuple[str, ...]] = {}
 
 
+def _set_facts(node: Any, found: set[str]) -> None:
+    """The names set_fact tasks set anywhere in a parsed task file (blocks included)."""
+    if isinstance(node, list):
+        for item in node:
+            _set_facts(item, found)
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            if key in ("ansible.builtin.set_fact", "set_fact") and isinstance(value, Mapping):
+                found.update(name for name in value if name != "cacheable")
+            elif key in ("block", "rescue", "always"):
+                _set_facts(value, found)
+
+
 def _role_options(root: str) -> tuple[str, ...]:
+    """The roles' option names, less those the run itself sets (set_fact outranks the inventory, and
+    a fact cached from the last run, such as rocm_release, describes that run, not the desired one)."""
     if root not in _options:
         names: set[str] = set()
+        outputs: set[str] = set()
         for role in ROLES:
             with open(os.path.join(root, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as spec:
                 for entry in (yaml.safe_load(spec) or {}).get("argument_specs", {}).values():
                     names.update((entry or {}).get("options") or {})
-        _options[root] = tuple(sorted(names - NOT_RELEASE))
+            tasks = os.path.join(root, "roles", role, "tasks")
+            for name in sorted(os.listdir(tasks)):
+                with open(os.path.join(tasks, name), encoding="utf-8") as handle:
+                    _set_facts(yaml.safe_load(handle), outputs)
+        _options[root] = tuple(sorted(names - outputs - NOT_RELEASE))
     return _options[root]
 
 
