@@ -77,9 +77,7 @@ options:
         is stored by relative path, a symlink to a file counting by its target's size; for a file,
         its size. A path that does not exist or a dangling symlink under it makes the record fail.
       - Files added to a tree later are not drift. The record file and its key file are never included.
-      - >-
-        When given to O(state=check) it must be the list that was recorded (in any order), else the
-        host is not converged.
+      - With O(state=check), as for O(files).
     type: list
     elements: path
     default: []
