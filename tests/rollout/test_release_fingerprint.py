@@ -29,7 +29,8 @@ def project(tmp_path: Path) -> Path:
 def fingerprint(project: Path, host_vars: dict, raw: dict | None = None) -> str:
     # A fresh load each time: the filter caches the toolkit's digest per process.
     module = load("roles/rollout/filter_plugins/rollout_converged.py")
-    return module.rollout_release_fingerprint(host_vars, raw if raw is not None else host_vars, str(project))
+    toolkit = module.rollout_release_toolkit(str(project))
+    return module.rollout_release_fingerprint(host_vars, raw if raw is not None else host_vars, toolkit)
 
 
 class Templating(dict):

@@ -105,13 +105,20 @@ def _named_files(value: Any, found: dict[str, str]) -> None:
             found[value] = "unreadable"
 
 
-def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any], root: str) -> str:
+def rollout_release_toolkit(root: str) -> dict[str, Any]:
+    """What every host's fingerprint shares, computed once per run (run_once in tasks/converged.yml):
+    the roles' option names and the digest of the toolkit's files under root."""
+    return {"options": list(_role_options(root)), "digest": _tree_digest(root)}
+
+
+def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any],
+                                toolkit: Mapping[str, Any]) -> str:
     """The fingerprint of a host's desired release (see the module docstring).
 
     host_vars: hostvars[inventory_hostname] (templated on access); raw_vars: hostvars.raw_get(...)
-    for the values that cannot be templated yet; root: the project's directory."""
+    for the values that cannot be templated yet; toolkit: rollout_release_toolkit(project root)."""
     inputs: dict[str, Any] = {}
-    for name in _role_options(root):
+    for name in toolkit["options"]:
         if name not in raw_vars:
             continue
         try:
@@ -122,10 +129,13 @@ def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[
         inputs[name] = value
     files: dict[str, str] = {}
     _named_files(inputs, files)
-    material = {"options": inputs, "files": files, "toolkit": _tree_digest(root)}
+    material = {"options": inputs, "files": files, "toolkit": toolkit["digest"]}
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"rollout_release_fingerprint": rollout_release_fingerprint}
+        return {
+            "rollout_release_toolkit": rollout_release_toolkit,
+            "rollout_release_fingerprint": rollout_release_fingerprint,
+        }
