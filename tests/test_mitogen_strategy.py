@@ -1,0 +1,79 @@
+"""The optional Mitogen strategy is one setting away: with the pinned controller venv and the project's
+ansible.cfg, ANSIBLE_STRATEGY=mitogen_linear alone runs a play through Mitogen (the task's parent is a
+Mitogen interpreter), the default runs Ansible's own linear strategy (no Mitogen), and an
+ansible-playbook that cannot import Mitogen stops with a message naming the setting and the fix.
+Real ansible-playbook on localhost (local connection, which Mitogen runs as mitogen_local)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
+
+PLAY = """---
+- name: Who runs the task
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  vars:
+    ansible_python_interpreter: "{{ ansible_playbook_python }}"
+  tasks:
+    - name: The parent of the shell
+      ansible.builtin.shell: ps -o args= -p "$PPID"
+      register: parent
+      changed_when: false
+    - name: Print it
+      ansible.builtin.debug:
+        msg: "PARENT={{ parent.stdout }}"
+"""
+
+
+def run(tmp_path: Path, strategy: str | None, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    play = tmp_path / "play.yml"
+    play.write_text(PLAY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_DEPRECATION_WARNINGS="False")
+    if strategy:
+        env["ANSIBLE_STRATEGY"] = strategy
+    env.update(extra_env or {})
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", str(play)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def parent(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [line] = [line for line in result.stdout.splitlines() if "PARENT=" in line]
+    return line.split("PARENT=", 1)[1]
+
+
+def test_one_setting_runs_the_play_through_mitogen(tmp_path: Path) -> None:
+    assert "mitogen" in parent(run(tmp_path, "mitogen_linear"))
+
+
+def test_default_is_the_plain_linear_strategy(tmp_path: Path) -> None:
+    assert "mitogen" not in parent(run(tmp_path, None))
+
+
+def test_without_mitogen_the_error_names_the_setting_and_the_fix(tmp_path: Path) -> None:
+    # An ansible_mitogen that cannot be imported, first on the path: as if the package were missing.
+    shadow = tmp_path / "shadow" / "ansible_mitogen"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no module named ansible_mitogen (test shadow)')\n")
+    result = run(tmp_path, "mitogen_linear", {"PYTHONPATH": str(shadow.parent)})
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "ANSIBLE_STRATEGY=mitogen_linear needs Mitogen" in out, out[-3000:]
+    assert "make setup" in out
+    assert "unset ANSIBLE_STRATEGY" in out
+
+
+@pytest.mark.parametrize("path", ["requirements/controller.in", "requirements/controller.txt"])
+def test_mitogen_is_pinned_in_the_controller_requirements(path: str) -> None:
+    pins = [line.strip() for line in (ROOT / path).read_text().splitlines() if line.startswith("mitogen")]
+    assert [pin.split("==")[0] for pin in pins] == ["mitogen"], pins
