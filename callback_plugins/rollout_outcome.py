@@ -120,9 +120,12 @@ class CallbackModule(CallbackBase):
                 released = True
         except (OSError, ValueError):
             pass
+        # Only the hosts whose lock this run took (run.json's "locked"; a host site.yml skipped as
+        # converged took none). A run.json without the list (older runs) counts every host.
+        locked = run.get("locked", list(hosts))
         left = [
             f"{host} (unreachable)" if hosts[host]["unreachable"] else host
             for host in hosts
-            if host not in self._released
+            if host in locked and host not in self._released
         ]
         return {"controller_released_at_end": released, "left": left}
