@@ -164,7 +164,9 @@ image_key() {
   {
     echo "$base_packages"
     cat "$cache/wheelhouse/demo/SHA256SUMS"
-    (cd "$checkout" && find roles/sglang_venv inventories/demo playbooks/venv.yml requirements -type f -print0 | sort -z | xargs -0 sha256sum)
+    # Not the demo's run reports (inventories/demo/reports/): a demo run must not rebuild the image.
+    (cd "$checkout" && find roles/sglang_venv inventories/demo playbooks/venv.yml requirements \
+      -path inventories/demo/reports -prune -o -type f -print0 | sort -z | xargs -0 sha256sum)
   } | sha256sum | cut -c1-16
 }
 
