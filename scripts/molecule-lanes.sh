@@ -153,7 +153,7 @@ while read -r s rc secs; do
   [ "$rc" -eq 0 ] && continue
   echo "== $s failed at:"
   sed -E 's/\x1b\[[0-9;]*m//g; s/^ *[0-9]+ +//; s/^│ //' "$logs/molecule-$s.log" |
-    grep -E '^(FAILED|E  |fatal: |TASK \[|tests/.*Error$)' | grep -v '^FAILED - RETRYING' |
+    grep -E '^(FAILED|E  |fatal: |TASK \[|RUNNING HANDLER \[|tests/.*Error$)' | grep -v '^FAILED - RETRYING' |
     grep -B1 -E '^(FAILED|E  |fatal:|tests/)' | grep -v -e '^--$' | cut -c1-300 | tail -n 20
 done <"$logs/lanes.status"
 exit $status
