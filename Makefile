@@ -41,7 +41,7 @@ molecule: setup ## every molecule scenario on real systemd test hosts (MOLECULE_
 test: setup ## everything CI runs (each stage timed)
 	@# The molecule stage (its shared state first: base rootfs, wheelhouse, fixture models, router venv,
 	@# host image; then the scenarios in MOLECULE_LANES lanes) starts at once, beside lint, syntax and
-	@# pytest, which leave a core mostly idle. A failed check stops it (its whole process group) and
+	@# pytest (pytest runs on one core). A failed check stops it (its whole process group) and
 	@# the test hosts it booted. Its output: .cache/logs/molecule.log, printed when it ends.
 	@mkdir -p .cache/logs; start=$$(date +%s); \
 	  setsid ./scripts/molecule-lanes.sh $(SCENARIOS) >.cache/logs/molecule.log 2>&1 & molecule=$$!; \
