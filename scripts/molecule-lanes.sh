@@ -11,7 +11,9 @@
 # Each scenario's output goes to .cache/logs/molecule-<scenario>.log, each line stamped with the
 # seconds since its start; the summary gives each scenario's time and its molecule steps' times,
 # and a failed scenario's log tail.
-#   molecule-lanes.sh SCENARIO...   (`make test` runs it beside lint, syntax and pytest)
+#   molecule-lanes.sh SCENARIO...
+#   molecule-lanes.sh --prepare SCENARIO...   only the shared state and the image they need, then
+#                                               exit (`make test` runs it beside lint and pytest)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/.venv/bin"
@@ -20,6 +22,8 @@ cache="${HICACHE_FLEET_CACHE:-$PWD/.cache}"
 logs="$cache/logs"
 mkdir -p "$logs"
 lanes=${MOLECULE_LANES:-2}
+prepare_only=false
+if [ "${1:-}" = --prepare ]; then prepare_only=true; shift; fi
 scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
 [[ $lanes =~ ^[1-9]$ ]] || { echo "MOLECULE_LANES must be 1-9, not '$lanes'" >&2; exit 2; }
@@ -47,6 +51,17 @@ fi
 echo "   ready after $(( $(stamp) - t0 )) s"
 
 needs_image() { grep -q '^ *image: sglang-venv *$' "molecule/$1/molecule.yml" 2>/dev/null; }
+
+if $prepare_only; then
+  for s in "${scenarios[@]}"; do
+    if needs_image "$s"; then
+      ./molecule/resources/hosts.sh image sglang-venv >"$logs/image.log" 2>&1 || { tail -n 20 "$logs/image.log"; exit 1; }
+      echo "   host image sglang-venv ready after $(( $(stamp) - t0 )) s"
+      break
+    fi
+  done
+  exit 0
+fi
 
 # The queue: scenarios longest first (unknown ones count as long: they are new and not yet measured).
 queue="$logs/lanes.queue"
