@@ -60,6 +60,15 @@ def run(playbook: Path, limit: str | None, inventory: Path, strategy_env: dict[s
     return elapsed, done.stdout
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (every core and process: on the demo
+    fleet that is the controller, ssh and the test hosts' Python together)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(n) for n in stat.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def recap(stdout: str) -> tuple[int, int]:
     """Tasks ok and changed, summed over the hosts of the PLAY RECAP."""
     ok = sum(int(n) for n in re.findall(r"\bok=(\d+)", stdout))
@@ -132,19 +141,24 @@ def one_host_change(inventory: Path) -> None:
         host_vars.write_text(yaml.safe_dump({"sglang_service_environment": environment}))
         for label in ("change on " + target, "revert"):
             before = main_pids(inventory, hosts)
+            cpu = busy_seconds()
             elapsed, out = run(ROOT / "site.yml", None, inventory, {})
+            cpu = busy_seconds() - cpu
             after = main_pids(inventory, hosts)
             restarted = [h for h in hosts if before.get(h) != after.get(h)]
             verdicts = report_verdicts(inventory)
             probed = [h for h in hosts if verdicts.get(h) == "passed"]
-            rows.append((label, elapsed, restarted, probed, batch_hosts(out), skipped_as_converged(out), verdicts))
+            rows.append((label, elapsed, cpu, recap(out)[0], restarted, probed, batch_hosts(out),
+                         skipped_as_converged(out), verdicts))
             host_vars.unlink(missing_ok=True)
     finally:
         host_vars.unlink(missing_ok=True)
         if host_vars.parent.exists() and not any(host_vars.parent.iterdir()):
             host_vars.parent.rmdir()
-    for label, elapsed, restarted, probed, batched, converged, verdicts in rows:
-        print(f"one-host change, {label}: site.yml {elapsed:.1f} s; skipped as converged {converged or 'none'}; "
+    for label, elapsed, cpu, ok, restarted, probed, batched, converged, verdicts in rows:
+        print(f"one-host change, {label}: site.yml {elapsed:.1f} s, {cpu:.1f} CPU s of the machine "
+              f"({cpu / elapsed:.2f} cores busy on average), {ok} tasks ok; "
+              f"skipped as converged {converged or 'none'}; "
               f"restarted {restarted or 'none'}; probed {probed or 'none'}; visited by the serial batches "
               f"{batched or 'none'}; report {verdicts}")
 
