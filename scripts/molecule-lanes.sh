@@ -28,11 +28,13 @@ scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
 [[ $lanes =~ ^[1-9]$ ]] || { echo "MOLECULE_LANES must be 1-9, not '$lanes'" >&2; exit 2; }
 
-# Seconds each scenario took in a whole run (2 cores shared with other runs; with the host image).
-# Used only to start the longest first when this checkout has no times of its own yet.
+# Seconds each scenario took in a whole `make test` on a fresh clone (2 cores, two lanes, with the
+# host image). Used only to start the longest first when this checkout has no times of its own yet
+# (CI's fresh clone never has): a scenario missing here counts as 900 s and would go before shorter
+# ones that are really longer.
 declare -A expected=(
-  [rollout]=1900 [sglang_service]=600 [ab_benchmark]=900 [sglang_venv]=340 [rocm]=230
-  [models]=160 [preflight]=80 [rocm_amd]=70
+  [rollout]=2490 [sglang_service]=780 [sglang_venv]=500 [ab_benchmark]=500 [monitoring]=360
+  [rocm]=230 [models]=210 [preflight]=180 [rocm_amd]=80
 )
 times_file="$logs/scenario-times"
 if [ -f "$times_file" ]; then
@@ -87,6 +89,10 @@ for s in "${scenarios[@]}"; do
   fi
 done
 image_settled() { [ -z "$image_pid" ] || [ -e "$logs/image.done" ] || [ -e "$logs/image.failed" ]; }
+# An image that is already built (`make test` prepares it beside the checks) settles in about a
+# second: wait that long (bounded), or the lanes would start with the scenarios that do not need it
+# and the longest scenario, which does, would start last.
+for _ in $(seq 20); do image_settled && break; sleep 0.5; done
 
 # Take the next scenario a lane can start now: the first in the queue, or while the image is being
 # built the first that does not need it; wait while only image scenarios are left. Empty: none left.
