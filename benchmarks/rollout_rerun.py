@@ -69,6 +69,13 @@ def busy_seconds() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def timed(playbook: Path, inventory: Path, strategy_env: dict[str, str]) -> tuple[float, float, str]:
+    """run() of a whole-fleet playbook, also giving the machine's busy CPU seconds it took."""
+    before = busy_seconds()
+    wall, stdout = run(playbook, None, inventory, strategy_env)
+    return wall, busy_seconds() - before, stdout
+
+
 def recap(stdout: str) -> tuple[int, int]:
     """Tasks ok and changed, summed over the hosts of the PLAY RECAP."""
     ok = sum(int(n) for n in re.findall(r"\bok=(\d+)", stdout))
@@ -141,9 +148,7 @@ def one_host_change(inventory: Path) -> None:
         host_vars.write_text(yaml.safe_dump({"sglang_service_environment": environment}))
         for label in ("change on " + target, "revert"):
             before = main_pids(inventory, hosts)
-            cpu = busy_seconds()
-            elapsed, out = run(ROOT / "site.yml", None, inventory, {})
-            cpu = busy_seconds() - cpu
+            elapsed, cpu, out = timed(ROOT / "site.yml", inventory, {})
             after = main_pids(inventory, hosts)
             restarted = [h for h in hosts if before.get(h) != after.get(h)]
             verdicts = report_verdicts(inventory)

@@ -29,17 +29,13 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout_rerun import INVENTORY, busy_seconds, run  # a sibling benchmark's runner
+from rollout_rerun import INVENTORY, timed  # a sibling benchmark's runner
 
 KINDS = {
     "local": {"ansible.builtin.debug": {"msg": "x"}},
     "raw": {"ansible.builtin.raw": "true", "changed_when": False},
     "module": {"ansible.builtin.ping": {}},
 }
-def timed(playbook: Path, limit: str | None, inventory: Path, env: dict[str, str]) -> tuple[float, float, str]:
-    before = busy_seconds()
-    wall, stdout = run(playbook, limit, inventory, env)
-    return wall, busy_seconds() - before, stdout
 
 
 def play(host: str, tasks: list[dict]) -> str:
@@ -48,15 +44,16 @@ def play(host: str, tasks: list[dict]) -> str:
 
 
 def per_task(label: str, env: dict[str, str], args: argparse.Namespace, tmp: Path) -> list[tuple]:
+    # The run every kind is measured against: the same play with only its first task.
     empty = tmp / "empty.yml"
     empty.write_text(play(args.one, [{"name": "one", **KINDS["local"]}]))
-    base_wall, base_cpu, _ = timed(empty, None, args.inventory, env)
+    base_wall, base_cpu, _ = timed(empty, args.inventory, env)
     rows = []
     for kind, task in KINDS.items():
         path = tmp / f"{kind}.yml"
         path.write_text(play(args.one, [{"name": "one", **KINDS["local"]}]
                              + [{"name": f"{kind} {i}", **task} for i in range(args.tasks)]))
-        wall, cpu, _ = timed(path, None, args.inventory, env)
+        wall, cpu, _ = timed(path, args.inventory, env)
         rows.append((label, kind, (wall - base_wall) / args.tasks, (cpu - base_cpu) / args.tasks))
         print(f"  measured: {label} {kind}: {args.tasks} tasks {wall:.1f} s wall, {cpu:.1f} CPU s "
               f"(empty run {base_wall:.1f} s, {base_cpu:.1f} CPU s)", flush=True)

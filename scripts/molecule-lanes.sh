@@ -53,15 +53,14 @@ fi
 echo "   ready after $(( $(stamp) - t0 )) s"
 
 needs_image() { grep -q '^ *image: sglang-venv *$' "molecule/$1/molecule.yml" 2>/dev/null; }
+image_wanted=false
+for s in "${scenarios[@]}"; do needs_image "$s" && image_wanted=true; done
 
 if $prepare_only; then
-  for s in "${scenarios[@]}"; do
-    if needs_image "$s"; then
-      ./molecule/resources/hosts.sh image sglang-venv >"$logs/image.log" 2>&1 || { tail -n 20 "$logs/image.log"; exit 1; }
-      echo "   host image sglang-venv ready after $(( $(stamp) - t0 )) s"
-      break
-    fi
-  done
+  if $image_wanted; then
+    ./molecule/resources/hosts.sh image sglang-venv >"$logs/image.log" 2>&1 || { tail -n 20 "$logs/image.log"; exit 1; }
+    echo "   host image sglang-venv ready after $(( $(stamp) - t0 )) s"
+  fi
   exit 0
 fi
 
@@ -71,28 +70,22 @@ for s in "${scenarios[@]}"; do echo "${expected[$s]:-900} $s"; done | sort -rn |
 : >"$logs/lanes.status"
 rm -f "$logs/lanes.failed" "$logs/image.done" "$logs/image.failed"
 
-# The host image, beside the first scenarios (only when a queued scenario uses it).
+# The host image, beside the first scenarios (only when a queued scenario uses it and it is not
+# already built from what goes into it now: `make test` prepares it beside the checks).
 image_pid=""
-for s in "${scenarios[@]}"; do
-  if needs_image "$s"; then
-    (
-      start=$(stamp)
-      if ./molecule/resources/hosts.sh image sglang-venv >"$logs/image.log" 2>&1; then
-        echo "== host image sglang-venv ready in $(( $(stamp) - start )) s"; touch "$logs/image.done"
-      else
-        echo "== host image sglang-venv FAILED (its scenarios boot from the base and install the venv):"
-        tail -n 20 "$logs/image.log"; touch "$logs/image.failed"
-      fi
-    ) &
-    image_pid=$!
-    break
-  fi
-done
+if $image_wanted && ! ./molecule/resources/hosts.sh image-current sglang-venv; then
+  (
+    start=$(stamp)
+    if ./molecule/resources/hosts.sh image sglang-venv >"$logs/image.log" 2>&1; then
+      echo "== host image sglang-venv ready in $(( $(stamp) - start )) s"; touch "$logs/image.done"
+    else
+      echo "== host image sglang-venv FAILED (its scenarios boot from the base and install the venv):"
+      tail -n 20 "$logs/image.log"; touch "$logs/image.failed"
+    fi
+  ) &
+  image_pid=$!
+fi
 image_settled() { [ -z "$image_pid" ] || [ -e "$logs/image.done" ] || [ -e "$logs/image.failed" ]; }
-# An image that is already built (`make test` prepares it beside the checks) settles in about a
-# second: wait that long (bounded), or the lanes would start with the scenarios that do not need it
-# and the longest scenario, which does, would start last.
-for _ in $(seq 20); do image_settled && break; sleep 0.5; done
 
 # Take the next scenario a lane can start now: the first in the queue, or while the image is being
 # built the first that does not need it; wait while only image scenarios are left. Empty: none left.

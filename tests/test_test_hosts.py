@@ -45,6 +45,24 @@ def test_refuses_an_unknown_image(tmp_path):
     assert not (tmp_path / "images").exists()
 
 
+def test_image_current_refuses_an_unknown_image(tmp_path):
+    result = run("image-current", "no-such-image", cache=tmp_path)
+    assert result.returncode == 1
+    assert "unknown host image 'no-such-image' (known: sglang-venv)" in result.stderr
+
+
+def test_an_image_never_built_or_built_from_other_inputs_is_not_current(tmp_path):
+    result = run("image-current", "sglang-venv", cache=tmp_path)
+    assert (result.returncode, result.stderr) == (1, "")
+    (tmp_path / "wheelhouse" / "demo").mkdir(parents=True)
+    (tmp_path / "wheelhouse" / "demo" / "SHA256SUMS").write_text("0" * 64 + "  a.whl\n")
+    (tmp_path / "images" / "sglang-venv").mkdir(parents=True)
+    (tmp_path / "images" / "sglang-venv" / ".hicache-fleet-image").write_text("0123456789abcdef\n")
+    result = run("image-current", "sglang-venv", cache=tmp_path)
+    assert (result.returncode, result.stderr) == (1, "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "wheelhouse"], "it only reads"
+
+
 def test_down_of_an_unknown_host_is_a_no_op(tmp_path):
     result = run("down", "never-booted", cache=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -10,6 +10,8 @@
 #   hosts.sh image sglang-venv         build host image IMAGE when what goes into it changed: the base
 #                                      plus the demo fleet's SGLang venv release, installed by
 #                                      playbooks/venv.yml (the sglang_venv role), `current` unset
+#   hosts.sh image-current sglang-venv exit 0 if image IMAGE is built from what goes into it now
+#                                      (`image` would keep it), 1 if not
 #   hosts.sh down NAME                 stop the guest by PID and remove its copy (safe to repeat)
 #   hosts.sh stop NAME                 stop the guest by PID, keep its copy (a host gone unreachable)
 #   hosts.sh start NAME                boot a stopped guest's kept copy again, wait for SSH
@@ -170,6 +172,18 @@ image_key() {
   } | sha256sum | cut -c1-16
 }
 
+# Whether host image IMAGE exists and was made from what goes into it now (image_key).
+image_current() {
+  [ -f "$cache/wheelhouse/demo/SHA256SUMS" ] &&
+    [ "$(cat "$images/$1/.hicache-fleet-image" 2>/dev/null)" = "$(image_key)" ]
+}
+
+cmd_image_current() {
+  local image=${1:?usage: hosts.sh image-current sglang-venv}
+  [ "$image" = sglang-venv ] || die "unknown host image '$image' (known: sglang-venv)"
+  image_current "$image"
+}
+
 # Build host image IMAGE: boot a host from the base, install into it what the image holds (by the
 # role that owns it, exactly as site.yml would), stop it and keep its root as images/IMAGE without
 # its identity (hostname, machine-id, SSH host key and login key are written anew by `up`).
@@ -182,11 +196,11 @@ cmd_image() {
   command -v ansible-playbook >/dev/null || die "ansible-playbook not in PATH (use the checkout's .venv)"
   cmd_base
   ensure_key
-  digest=$(image_key)
-  if [ "$(cat "$images/$image/.hicache-fleet-image" 2>/dev/null)" = "$digest" ]; then
+  if image_current "$image"; then
     log "host image $image cached: $images/$image"
     return
   fi
+  digest=$(image_key)
   log "building host image $image (playbooks/venv.yml on $image_builder, $image_builder_address)"
   cmd_down "$image_builder"
   cmd_up "$image_builder" "$image_builder_address"
@@ -350,6 +364,7 @@ case ${1:-} in
   base) cmd_base ;;
   up) shift; cmd_up "$@" ;;
   image) shift; cmd_image "$@" ;;
+  image-current) shift; cmd_image_current "$@" ;;
   down) shift; cmd_down "$@" ;;
   stop) shift; cmd_stop "$@" ;;
   start) shift; cmd_start "$@" ;;
