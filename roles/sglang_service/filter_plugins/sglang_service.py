@@ -13,6 +13,8 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``sglang_service_host_pool_gb(mapping)``: GB of pinned host RAM the HiCache pools take.
 - ``sglang_service_ip_allow(bind, router_url, extra, prefix)``: the unit's IPAddressAllow entries
   (empty: no IP firewall, for a wildcard bind).
+- ``sglang_service_rank_interface_env(args, bind, interface)``: NCCL_SOCKET_IFNAME and
+  GLOO_SOCKET_IFNAME for an instance with more than one rank bound to a loopback address.
 - ``sglang_service_redact(text, secrets)``: text (or lines) with every secret replaced by
   ``<redacted>``, and any value SGLang prints after ``--api-key`` / ``api_key=`` too.
 """
@@ -230,6 +232,33 @@ def ip_allow(bind: Any, router_url: Any = "", extra: Any = (), prefix: Any = 24)
     return entries
 
 
+def _loopback(bind: Any) -> bool:
+    text = str(bind or "").strip("[]")
+    if text == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def rank_interface_env(args: Mapping[str, Any], bind: Any, interface: Any = "lo") -> dict[str, str]:
+    """Environment that keeps the ranks' bootstrap on the loopback interface.
+
+    RCCL (NCCL_SOCKET_IFNAME) and gloo (GLOO_SOCKET_IFNAME) otherwise pick the first non-loopback
+    interface, whose addresses the unit's IPAddressAllow=localhost drops. Only for an instance bound
+    to a loopback address with more than one rank (--tp-size x --pp-size > 1); empty `interface`
+    turns it off.
+    """
+    if not interface or not _loopback(bind):
+        return {}
+    tp = _whole(args.get("--tp-size", args.get("--tensor-parallel-size", 1))) or 1
+    pp = _whole(args.get("--pp-size", args.get("--pipeline-parallel-size", 1))) or 1
+    if tp * pp <= 1:
+        return {}
+    return {"GLOO_SOCKET_IFNAME": str(interface), "NCCL_SOCKET_IFNAME": str(interface)}
+
+
 REDACTED = "<redacted>"
 # What SGLang itself prints with a key in it: its argv (`--api-key KEY`) and its ServerArgs
 # (`api_key='KEY'`), also for a key the role no longer knows (a rolled-back release's).
@@ -273,4 +302,5 @@ class FilterModule:
             "sglang_service_env_quote": env_quote,
             "sglang_service_redact": redact,
             "sglang_service_ip_allow": ip_allow,
+            "sglang_service_rank_interface_env": rank_interface_env,
         }

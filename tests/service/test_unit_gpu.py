@@ -1,0 +1,197 @@
+"""The unit for real GPUs, rendered by Ansible through the role's plan phase (as test_render.py does).
+
+- a TP=2 instance bound to a loopback address carries NCCL_SOCKET_IFNAME=lo and GLOO_SOCKET_IFNAME=lo
+  (RCCL and gloo would otherwise bootstrap on the first non-loopback interface, which the unit's
+  IPAddressAllow=localhost drops); a TP=1 instance and a non-loopback one do not;
+- every unit is ordered After= and Wants= modprobe@amdgpu.service and carries HF_HUB_OFFLINE=1;
+  emptying sglang_service_driver_units / sglang_service_hf_hub_offline: false removes those lines;
+- the rendered unit passes `systemd-analyze verify` with no complaint about its own lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plugins import load
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "sglang_service"
+
+PLAYBOOK = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: sglang_service
+        tasks_from: plan.yml
+    - ansible.builtin.copy:
+        content: "{{ item.unit_content }}"
+        dest: "{{ out }}/{{ item.unit }}"
+        mode: "0644"
+      loop: "{{ _sglang_service_plan }}"
+      loop_control:
+        label: "{{ item.unit }}"
+"""
+
+INSTANCES = [
+    # seed-validated: --tp-size 2, bound to sglang_service_bind_address (127.0.0.1).
+    {"name": "tp2", "port": 30004},
+    {"name": "tp2six", "port": 30005, "bind_address": "::1"},
+    {"name": "tp1", "port": 30006, "args": {"--tp-size": 1}},
+    # Rendering only: 192.0.2.0/24 is the documentation range, nothing is sent to it.
+    {"name": "public", "port": 30007, "bind_address": "192.0.2.10", "api_key": "k" * 16},
+    {"name": "pp2", "port": 30008, "args": {"--tp-size": 1, "--pp-size": 2}},
+]
+
+
+def _render(tmp_path_factory, name: str, extra_vars: dict) -> Path:
+    out = tmp_path_factory.mktemp(name)
+    (out / "render.yml").write_text(PLAYBOOK, encoding="utf-8")
+    extra = {
+        "out": str(out),
+        "ansible_python_interpreter": sys.executable,
+        "sglang_service_model_path": "/srv/models/main",
+        "sglang_service_draft_model_path": "/srv/models/draft",
+        "sglang_service_instances": INSTANCES,
+        **extra_vars,
+    }
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_FACT_CACHING="memory",
+        ANSIBLE_NOCOLOR="1",
+    )
+    playbook = Path(sys.executable).parent / "ansible-playbook"
+    run = subprocess.run(
+        [str(playbook), "-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(extra)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    return _render(tmp_path_factory, "gpu-defaults", {})
+
+
+@pytest.fixture(scope="module")
+def rendered_off(tmp_path_factory) -> Path:
+    return _render(
+        tmp_path_factory,
+        "gpu-off",
+        {"sglang_service_driver_units": [], "sglang_service_hf_hub_offline": False, "sglang_service_rank_interface": ""},
+    )
+
+
+def unit_lines(directory: Path, name: str) -> list[str]:
+    return (directory / f"sglang-{name}.service").read_text(encoding="utf-8").splitlines()
+
+
+def section(lines: list[str], name: str) -> list[str]:
+    start = lines.index(f"[{name}]")
+    rest = lines[start + 1 :]
+    end = next((i for i, line in enumerate(rest) if line.startswith("[")), len(rest))
+    return rest[:end]
+
+
+IFNAME_LINES = ["Environment=GLOO_SOCKET_IFNAME=lo", "Environment=NCCL_SOCKET_IFNAME=lo"]
+
+
+@pytest.mark.parametrize("name", ["tp2", "tp2six", "pp2"])
+def test_multi_rank_loopback_instance_bootstraps_on_lo(rendered, name):
+    service = section(unit_lines(rendered, name), "Service")
+    assert [line for line in service if "SOCKET_IFNAME" in line] == IFNAME_LINES
+    # Before the EnvironmentFile, so an instance's `environment` can override them.
+    assert service.index(IFNAME_LINES[0]) < service.index(f"EnvironmentFile=/etc/sglang/{name}.env")
+    assert "IPAddressAllow=localhost" in service
+
+
+@pytest.mark.parametrize("name", ["tp1", "public"])
+def test_single_rank_or_non_loopback_instance_gets_no_interface_settings(rendered, name):
+    lines = unit_lines(rendered, name)
+    assert [line for line in lines if "SOCKET_IFNAME" in line] == []
+
+
+def test_public_instance_is_tp2_and_firewalled_to_its_network(rendered):
+    # The non-loopback case above is TP=2 (not skipped for being TP=1).
+    text = "\n".join(unit_lines(rendered, "public"))
+    assert "--tp-size 2" in text
+    assert "\nIPAddressAllow=localhost 192.0.2.0/24\n" in text
+
+
+@pytest.mark.parametrize("name", [item["name"] for item in INSTANCES])
+def test_every_unit_waits_for_the_amdgpu_module_and_stays_offline(rendered, name):
+    lines = unit_lines(rendered, name)
+    unit = section(lines, "Unit")
+    assert "After=modprobe@amdgpu.service" in unit
+    assert "Wants=modprobe@amdgpu.service" in unit
+    assert "After=network-online.target" in unit
+    assert "Environment=HF_HUB_OFFLINE=1" in section(lines, "Service")
+
+
+def test_the_knobs_remove_driver_offline_and_interface_lines(rendered_off):
+    lines = unit_lines(rendered_off, "tp2")
+    assert not [line for line in lines if "modprobe@" in line]
+    assert "Environment=HF_HUB_OFFLINE=1" not in lines
+    assert not [line for line in lines if "SOCKET_IFNAME" in line]
+    assert "After=network-online.target" in section(lines, "Unit")
+
+
+def test_rendered_tp2_unit_passes_systemd_analyze_verify(rendered, tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    # verify checks that ExecStart's binary exists: point it at this python, keep every other line.
+    lines = [
+        f"ExecStart={sys.executable} -c pass" if line.startswith("ExecStart=") else line
+        for line in unit_lines(rendered, "tp2")
+    ]
+    joined = "\n".join(lines)
+    # Continuation lines of the old ExecStart belong to it: drop them.
+    text = []
+    skipping = False
+    for line in joined.splitlines():
+        if line.startswith("ExecStart="):
+            text.append(line)
+            skipping = True
+            continue
+        if skipping and line.startswith("    "):
+            continue
+        skipping = False
+        text.append(line)
+    unit = tmp_path / "sglang-tp2.service"
+    unit.write_text("\n".join(text) + "\n", encoding="utf-8")
+    run = subprocess.run(
+        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    ours = [line for line in run.stderr.splitlines() if "sglang-tp2.service" in line]
+    assert run.returncode == 0 and ours == [], run.stderr
+
+
+# --- the filter as a plain function -------------------------------------------------------------------
+def test_rank_interface_env_filter():
+    env = load(ROLE / "filter_plugins" / "sglang_service.py").rank_interface_env
+    expected = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert env({"--tp-size": 2}, "127.0.0.1", "lo") == expected
+    assert env({"--tp-size": "2"}, "127.0.10.1", "lo") == expected
+    assert env({"--tensor-parallel-size": 4}, "localhost", "lo") == expected
+    assert env({"--tp-size": 2}, "[::1]", "lo") == expected
+    assert env({"--tp-size": 1}, "127.0.0.1", "lo") == {}
+    assert env({}, "127.0.0.1", "lo") == {}
+    assert env({"--tp-size": 2}, "0.0.0.0", "lo") == {}
+    assert env({"--tp-size": 2}, "10.1.2.3", "lo") == {}
+    assert env({"--tp-size": 2}, "127.0.0.1", "") == {}
