@@ -3,9 +3,12 @@ reading dpkg-query and apt-cache madison output, and what an activation changes 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import jinja2
 import pytest
+import yaml
 from plugins import load
 
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "rocm"
@@ -194,3 +197,206 @@ def test_no_instances_no_mapping(f):
     assert m["problems"] == []
     assert m["instances"] == []
     assert len(m["gpus"]) == 1
+
+
+# --- AMD's repository layout per ROCm release (vars/main.yml _rocm_amd_releases) ---------------------
+
+def role_data():
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    releases = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_rocm_amd_releases"]
+    return defaults, releases
+
+
+def render_repositories(rocm_version, **overrides):
+    """rocm_amd_repositories as the role's defaults render them (plain Jinja, the role's own templates)."""
+    defaults, releases = role_data()
+    # Renders URLs, not HTML: no autoescape.
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)  # noqa: S701
+    ctx = {"_rocm_amd_releases": releases, "rocm_version": rocm_version,
+           "rocm_amd_repo_base_url": defaults["rocm_amd_repo_base_url"]}
+    for name in ("rocm_amdgpu_version", "rocm_amd_graphics_version"):
+        ctx[name] = overrides.get(name, env.from_string(defaults[name]).render(ctx))
+    return ctx, [env.from_string(repo["uris"]).render(ctx) for repo in defaults["rocm_amd_repositories"]]
+
+
+def test_the_role_knows_the_layout_of_7_1_1_and_7_2_1():
+    _, releases = role_data()
+    assert releases == {"7.1.1": {"amdgpu": "30.20.1", "graphics": "7.1.1"},
+                        "7.2.1": {"amdgpu": "30.30.1", "graphics": "7.2.1"}}
+
+
+def test_7_2_1_renders_its_three_repositories():
+    ctx, uris = render_repositories("7.2.1")
+    assert ctx["rocm_amdgpu_version"] == "30.30.1"
+    assert uris == ["https://repo.radeon.com/rocm/apt/7.2.1",
+                    "https://repo.radeon.com/graphics/7.2.1/ubuntu",
+                    "https://repo.radeon.com/amdgpu/30.30.1/ubuntu"]
+
+
+def test_the_default_release_renders_as_before():
+    # The role's default rocm_version keeps its URLs (and so its release id).
+    defaults, _ = role_data()
+    assert defaults["rocm_version"] == "7.1.1"
+    _, uris = render_repositories(defaults["rocm_version"])
+    assert uris == ["https://repo.radeon.com/rocm/apt/7.1.1",
+                    "https://repo.radeon.com/graphics/7.1.1/ubuntu",
+                    "https://repo.radeon.com/amdgpu/30.20.1/ubuntu"]
+
+
+def test_an_unknown_release_renders_no_guess_and_is_refused(f):
+    _, releases = role_data()
+    ctx, _ = render_repositories("7.2.2")
+    assert ctx["rocm_amdgpu_version"] == ""
+    assert ctx["rocm_amd_graphics_version"] == ""
+    problem = f.rocm_amd_layout_error("7.2.2", releases, ctx["rocm_amdgpu_version"], ctx["rocm_amd_graphics_version"])
+    assert problem.startswith("rocm_version '7.2.2': the rocm role does not know AMD's repository layout")
+    assert "it knows 7.1.1, 7.2.1" in problem
+    assert "set rocm_amdgpu_version and rocm_amd_graphics_version" in problem
+    with pytest.raises(f.AnsibleFilterError, match=re.escape("rocm_version '7.2.2'")):
+        f.rocm_amd_layout("7.2.2", releases, "", "")
+    # Only one of the two given: the refusal names the one still missing.
+    assert "set rocm_amd_graphics_version to" in f.rocm_amd_layout_error("7.2.2", releases, "30.30.2", "")
+
+
+def test_explicit_values_win_and_complete_an_unknown_release(f):
+    _, releases = role_data()
+    assert f.rocm_amd_layout("7.2.1", releases, "30.30.1", "7.2.1") == {"amdgpu": "30.30.1", "graphics": "7.2.1"}
+    assert f.rocm_amd_layout("7.2.2", releases, "30.30.2", "7.2.2-x") == {"amdgpu": "30.30.2", "graphics": "7.2.2-x"}
+    assert f.rocm_amd_layout_error("7.2.2", releases, "30.30.2", "7.2.2-x") == ""
+    _, uris = render_repositories("7.2.2", rocm_amdgpu_version="30.30.2", rocm_amd_graphics_version="7.2.2-x")
+    assert uris[1:] == ["https://repo.radeon.com/graphics/7.2.2-x/ubuntu", "https://repo.radeon.com/amdgpu/30.30.2/ubuntu"]
+
+
+# --- The amdgpu driver: loaded against installed (tasks/reboot_state.yml's probe) ---------------------
+
+def probe(loaded=True, loaded_version="", loaded_src="", modinfo=True, disk_file="", disk_version="",
+          disk_src="", dkms=None, kernel="6.8.0-48-generic"):
+    """What the probe in tasks/reboot_state.yml prints."""
+    lines = [f"loaded={'yes' if loaded else 'no'}", f"loaded_version={loaded_version}",
+             f"loaded_srcversion={loaded_src}", f"kernel={kernel}"]
+    if modinfo:
+        lines += ["modinfo=yes", f"disk_file={disk_file}", f"disk_version={disk_version}",
+                  f"disk_srcversion={disk_src}"]
+    else:
+        lines.append("modinfo=no")
+    if dkms is not None:
+        lines += ["dkms_status:", *dkms]
+    return "\n".join(lines) + "\n"
+
+
+DKMS_FILE = "/lib/modules/6.8.0-48-generic/updates/dkms/amdgpu.ko.zst"
+INTREE_FILE = "/lib/modules/6.8.0-48-generic/kernel/drivers/gpu/drm/amd/amdgpu/amdgpu.ko.zst"
+DKMS3 = ["amdgpu/6.12.12-2194681.24.04, 6.8.0-48-generic, x86_64: installed"]
+
+
+def test_no_module_loaded_says_so_plainly(f):
+    # The test hosts (a container on a kernel without amdgpu, no modinfo in the guest).
+    state = f.rocm_amdgpu_state(probe(loaded=False, modinfo=False))
+    assert state["loaded"] is False
+    assert state["pending"] is False
+    assert state["loaded_version"] is None
+    assert state["installed_version"] is None
+    assert state["summary"].startswith("the amdgpu driver is not loaded on this host (no /sys/module/amdgpu)")
+    assert "modinfo is not installed" in state["summary"]
+    # Installed but not loaded (a blacklisted driver, or no card): reported, not a pending reboot.
+    state = f.rocm_amdgpu_state(probe(loaded=False, disk_file=DKMS_FILE, disk_version="6.12.12", dkms=DKMS3))
+    assert state["pending"] is False
+    assert f"the module installed for kernel 6.8.0-48-generic is 6.12.12 ({DKMS_FILE})" in state["summary"]
+
+
+def test_the_in_tree_driver_still_loaded_after_amdgpu_dkms_installed_waits_for_a_reboot(f):
+    state = f.rocm_amdgpu_state(probe(loaded_version="", disk_file=DKMS_FILE, disk_version="6.12.12", dkms=DKMS3))
+    assert state["pending"] is True
+    assert state["summary"].startswith(
+        f"the loaded amdgpu driver is in-tree, no version but 6.12.12 ({DKMS_FILE}) is installed for kernel "
+        "6.8.0-48-generic: the new driver waits for a reboot")
+    assert "dkms status: 6.12.12-2194681.24.04 for 6.8.0-48-generic (installed)" in state["summary"]
+
+
+def test_an_older_dkms_driver_loaded_waits_for_a_reboot(f):
+    state = f.rocm_amdgpu_state(probe(loaded_version="6.10.5", disk_file=DKMS_FILE, disk_version="6.12.12"))
+    assert state["pending"] is True
+    assert (state["loaded_version"], state["installed_version"]) == ("6.10.5", "6.12.12")
+
+
+def test_the_same_driver_loaded_and_installed_is_not_pending(f):
+    state = f.rocm_amdgpu_state(probe(loaded_version="6.12.12", loaded_src="ABC", disk_file=DKMS_FILE,
+                                      disk_version="6.12.12", disk_src="ABC", dkms=DKMS3))
+    assert state["pending"] is False
+    assert state["summary"].startswith(f"the loaded amdgpu driver is the installed one: 6.12.12 ({DKMS_FILE})")
+    # The distribution's kernel driver on both sides (no amdgpu-dkms): nothing to wait for.
+    state = f.rocm_amdgpu_state(probe(disk_file=INTREE_FILE))
+    assert state["pending"] is False
+    assert "in-tree, no version" in state["summary"]
+
+
+def test_same_version_other_build_waits_for_a_reboot(f):
+    state = f.rocm_amdgpu_state(probe(loaded_version="6.12.12", loaded_src="ABC", disk_file=DKMS_FILE,
+                                      disk_version="6.12.12", disk_src="DEF"))
+    assert state["pending"] is True
+    assert "srcversion ABC" in state["summary"]
+    assert "srcversion DEF" in state["summary"]
+
+
+def test_loaded_but_installed_unknown_is_reported_not_pending(f):
+    state = f.rocm_amdgpu_state(probe(loaded_version="6.12.12", modinfo=False))
+    assert state["pending"] is False
+    assert state["summary"] == ("the loaded amdgpu driver is 6.12.12; the installed one is unknown "
+                                "(modinfo is not installed)")
+    state = f.rocm_amdgpu_state(probe(loaded_version="6.12.12"))
+    assert "modinfo finds no amdgpu module for kernel 6.8.0-48-generic" in state["summary"]
+
+
+def test_dkms_status_both_formats(f):
+    lines = ["amdgpu/6.12.12-2194681.24.04, 6.8.0-48-generic, x86_64: installed",
+             "amdgpu, 6.10.5-2084815.24.04, 6.8.0-45-generic, x86_64: installed (original_module exists)",
+             "amdgpu/6.12.12-2194681.24.04: added", "nvidia/550.1, 6.8.0-48-generic, x86_64: installed", "garbage"]
+    state = f.rocm_amdgpu_state(probe(loaded=False, dkms=lines))
+    assert state["dkms"] == [
+        {"version": "6.12.12-2194681.24.04", "kernel": "6.8.0-48-generic", "arch": "x86_64", "state": "installed"},
+        {"version": "6.10.5-2084815.24.04", "kernel": "6.8.0-45-generic", "arch": "x86_64",
+         "state": "installed (original_module exists)"},
+        {"version": "6.12.12-2194681.24.04", "kernel": "", "arch": "", "state": "added"},
+    ]
+
+
+# --- Staged package files (tasks/fetch.yml records them, tasks/install.yml removes them) -------------
+
+# What `apt-get install --print-uris` printed on Debian 12 for librocm-smi-dev (the rocm scenario's change).
+PRINT_URIS = (
+    "'http://deb.debian.org/debian/pool/main/r/rocm-smi-lib/librocm-smi64-1_5.2.3-2_amd64.deb' "
+    "librocm-smi64-1_5.2.3-2_amd64.deb 459208 MD5Sum:3421382fb4198dbb2bf5b32a4892bf9b\n"
+    "'http://deb.debian.org/debian/pool/main/r/rocm-smi-lib/librocm-smi-dev_5.2.3-2_amd64.deb' "
+    "librocm-smi-dev_5.2.3-2_amd64.deb 570392 MD5Sum:24f2d190fae8c3c002bd2f917a2e9664\n"
+    "'https://repo.radeon.com/amdgpu/30.30.1/ubuntu/pool/main/a/amdgpu-dkms/amdgpu-dkms_1%3a6.12.12_all.deb' "
+    "amdgpu-dkms_1%3a6.12.12_all.deb 1000 SHA256:00\n"
+)
+
+
+def test_staged_files_from_print_uris(f):
+    assert f.rocm_staged_files(PRINT_URIS) == ["librocm-smi64-1_5.2.3-2_amd64.deb", "librocm-smi-dev_5.2.3-2_amd64.deb",
+                                               "amdgpu-dkms_1%3a6.12.12_all.deb"]
+    assert f.rocm_staged_files("") == []
+    with pytest.raises(f.AnsibleFilterError, match=re.escape("'../../etc/passwd', which is not a .deb file name")):
+        f.rocm_staged_files("'http://x/y.deb' ../../etc/passwd 1 MD5Sum:0\n")
+
+
+def test_staged_record_accumulates_and_a_rerun_keeps_it(f):
+    first = f.rocm_staged_record({}, "aaaaaaaaaaaa", ["b.deb", "a.deb"])
+    assert first == {"release_id": "aaaaaaaaaaaa", "files": ["a.deb", "b.deb"]}
+    # A re-run downloads nothing new: the same record (idempotent).
+    assert f.rocm_staged_record(first, "aaaaaaaaaaaa", []) == first
+    # A newer release staged before the older one was activated: both sets stay listed.
+    assert f.rocm_staged_record(first, "bbbbbbbbbbbb", ["c.deb"]) == {"release_id": "bbbbbbbbbbbb",
+                                                                        "files": ["a.deb", "b.deb", "c.deb"]}
+    assert f.rocm_staged_record({}, "aaaaaaaaaaaa", []) == {}
+
+
+def test_staged_files_go_only_after_their_release_is_active(f):
+    record = {"release_id": "aaaaaaaaaaaa", "files": ["a.deb", "../x"]}
+    assert f.rocm_staged_to_remove(record, "aaaaaaaaaaaa", True) == ["a.deb"]
+    # The activation left something to install (failed, or a rollback's notes): they stay.
+    assert f.rocm_staged_to_remove(record, "aaaaaaaaaaaa", False) == []
+    # Another release was activated (a rollback to the previous one): they stay for the staged one.
+    assert f.rocm_staged_to_remove(record, "cccccccccccc", True) == []
+    assert f.rocm_staged_to_remove({}, "aaaaaaaaaaaa", True) == []

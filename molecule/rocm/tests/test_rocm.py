@@ -78,3 +78,21 @@ def test_activated_release_is_recorded_and_installed(host):
     assert record["id"] == hashlib.sha256(canonical.encode()).hexdigest()[:12]
     assert host.package("librocm-smi-dev").is_installed
     assert host.file("/usr/include/rocm_smi/rocm_smi.h").exists
+
+
+def test_staged_package_files_are_gone_after_the_activations(host):
+    # Every release the scenario staged was activated in the end: stage's record and the .deb files it
+    # downloaded into apt's cache (rocminfo and rocm-smi in converge, librocm-smi-dev, pciutils in the
+    # side effect) are removed. The side effect shows them on disk before each activation.
+    assert not host.file("/var/lib/hicache-fleet/rocm-staged.json").exists
+    left = host.run("ls /var/cache/apt/archives")
+    assert left.rc == 0, left.stderr
+    staged = [name for name in left.stdout.split()
+              if name.split("_")[0] in ("rocminfo", "rocm-smi", "librocm-smi-dev", "pciutils")]
+    assert staged == [], left.stdout
+
+
+def test_no_reboot_mark_and_no_amdgpu_loaded(host):
+    # The scenario's last activation changed no driver, and the guest rebooted since the driver changed.
+    assert not host.file("/run/hicache-fleet/rocm-reboot-required").exists
+    assert not host.file("/sys/module/amdgpu").exists

@@ -1,7 +1,7 @@
 """Verify the rendered `amd` source on a real test host: ansible.builtin.deb822_repository wrote the
-deb822 sources naming AMD's URIs for the pinned ROCm release, its graphics repository (ROCm 7.x) and
-the amdgpu release with the Ubuntu suite, the test key inline in Signed-By; apt parses them and AMD's
-origin is pinned at 600."""
+deb822 sources naming AMD's URIs for the pinned ROCm release (7.2.1), its graphics repository (ROCm
+7.x) and the amdgpu release AMD pairs with it (30.30.1) with the Ubuntu suite, the test key inline in
+Signed-By; apt parses them and AMD's origin is pinned at 600."""
 
 import os
 from pathlib import Path
@@ -12,10 +12,12 @@ import testinfra.utils.ansible_runner
 inventory = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
 
+# ROCm 7.2.1 (converge.yml sets only rocm_version): the role's table gives amdgpu 30.30.1 and the
+# graphics repository 7.2.1 (../shared/docs/radeon-stack.md).
 SOURCES = {
-    "rocm": "https://repo.radeon.com/rocm/apt/7.1.1",
-    "rocm-graphics": "https://repo.radeon.com/graphics/7.1.1/ubuntu",
-    "amdgpu": "https://repo.radeon.com/amdgpu/30.20.1/ubuntu",
+    "rocm": "https://repo.radeon.com/rocm/apt/7.2.1",
+    "rocm-graphics": "https://repo.radeon.com/graphics/7.2.1/ubuntu",
+    "amdgpu": "https://repo.radeon.com/amdgpu/30.30.1/ubuntu",
 }
 
 

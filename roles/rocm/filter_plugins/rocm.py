@@ -310,6 +310,178 @@ def rocm_gpu_map(stdout: str, instances: list[dict[str, Any]] | None, arch: str 
     return {"gpus": gpus, "instances": result, "problems": problems, "mapping": mapping}
 
 
+# --- AMD's repository layout per ROCm release -----------------------------------------------------
+
+def rocm_amd_layout_error(version: str, releases: dict[str, dict[str, str]] | None, amdgpu: str = "",
+                          graphics: str = "") -> str:
+    """Why the role cannot render AMD's repositories for rocm_version, or "" when it can.
+
+    releases: the role's table (vars/main.yml _rocm_amd_releases), {rocm version: {amdgpu, graphics}}.
+    amdgpu, graphics: rocm_amdgpu_version and rocm_amd_graphics_version; a non-empty value is used as is.
+    """
+    version = str(version or "").strip()
+    known = releases or {}
+    if version in known or (str(amdgpu or "").strip() and str(graphics or "").strip()):
+        return ""
+    missing = [name for name, value in (("rocm_amdgpu_version", amdgpu), ("rocm_amd_graphics_version", graphics))
+               if not str(value or "").strip()]
+    return (
+        f"rocm_version {version!r}: the rocm role does not know AMD's repository layout for this ROCm release "
+        f"(it knows {', '.join(sorted(known)) or 'none'}; roles/rocm/vars/main.yml _rocm_amd_releases). The layout is "
+        "not derived from the version (ROCm 7.2.2's graphics repository breaks the graphics/<rocm_version> rule), "
+        f"so the role does not guess it: set rocm_version to a release it knows, or set {' and '.join(missing)} "
+        f"to the amdgpu driver release and graphics repository AMD publishes for ROCm {version} (AMD's release notes; "
+        "check rocm_amd_repositories too)."
+    )
+
+
+def rocm_amd_layout(version: str, releases: dict[str, dict[str, str]] | None, amdgpu: str = "",
+                    graphics: str = "") -> dict[str, str]:
+    """{amdgpu, graphics} for rocm_version: the role's table, each overridden by a non-empty knob.
+    Refuses (naming rocm_version) a release the table lacks unless both knobs are set."""
+    problem = rocm_amd_layout_error(version, releases, amdgpu, graphics)
+    if problem:
+        raise AnsibleFilterError(problem)
+    row = (releases or {}).get(str(version).strip(), {})
+    return {
+        "amdgpu": str(amdgpu or "").strip() or str(row["amdgpu"]),
+        "graphics": str(graphics or "").strip() or str(row["graphics"]),
+    }
+
+
+# --- The amdgpu driver: loaded against installed ---------------------------------------------------
+
+def _dkms_line(line: str) -> dict[str, str] | None:
+    """One `dkms status` line, DKMS 3 (`amdgpu/6.10.5-2084815.24.04, 6.8.0-48-generic, x86_64: installed`)
+    or DKMS 2 (`amdgpu, 6.10.5-2084815.24.04, 6.8.0-48-generic, x86_64: installed`)."""
+    head, sep, state = line.rpartition(":")
+    if not sep:
+        return None
+    fields = [f.strip() for f in head.split(",")]
+    if "/" in fields[0]:
+        module, _, version = fields[0].partition("/")
+        rest = fields[1:]
+    else:
+        module, version, rest = fields[0], (fields[1] if len(fields) > 1 else ""), fields[2:]
+    if module != "amdgpu" or not version:
+        return None
+    return {"version": version, "kernel": rest[0] if rest else "", "arch": rest[1] if len(rest) > 1 else "",
+            "state": state.strip()}
+
+
+def rocm_amdgpu_state(stdout: str) -> dict[str, Any]:
+    """The role's read-only amdgpu probe (tasks/reboot_state.yml) → the loaded and the installed driver.
+
+    The probe prints `key=value` lines: loaded (yes|no: /sys/module/amdgpu exists), loaded_version and
+    loaded_srcversion (/sys/module/amdgpu/{version,srcversion}), kernel (uname -r), modinfo (yes|no),
+    disk_file, disk_version, disk_srcversion (`modinfo -k <kernel>` of the module that loads at the next
+    boot of this kernel: amdgpu-dkms's under updates/dkms once DKMS installed it), and, last, a line
+    `dkms_status:` followed by what `dkms status amdgpu` prints (when dkms is installed). The loaded and
+    installed module versions (both MODULE_VERSION) are compared; an in-tree amdgpu has none, so an
+    in-tree driver still loaded after amdgpu-dkms installed a versioned one differs too. Equal versions
+    with different srcversions (both known) differ as well.
+    Returns {loaded, loaded_version, installed_version, installed_file, kernel, dkms: [...], pending,
+    summary}: pending is true only when a loaded driver is known to differ from the installed one.
+    """
+    values: dict[str, str] = {}
+    dkms: list[dict[str, str]] = []
+    in_dkms = False
+    for line in (stdout or "").splitlines():
+        if line.strip() == "dkms_status:":
+            in_dkms = True
+            continue
+        if in_dkms:
+            entry = _dkms_line(line.strip())
+            if entry:
+                dkms.append(entry)
+            continue
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    loaded = values.get("loaded") == "yes"
+    kernel = values.get("kernel", "")
+    loaded_version = values.get("loaded_version", "")
+    disk_file = values.get("disk_file", "")
+    disk_version = values.get("disk_version", "")
+    on_disk = bool(disk_file)
+    built = [f"{d['version']} for {d['kernel'] or '?'} ({d['state']})" for d in dkms]
+    dkms_said = f"; dkms status: {', '.join(built)}" if built else ""
+
+    def shown(version: str) -> str:
+        return version or "in-tree, no version"
+
+    installed = f"{shown(disk_version)} ({disk_file})" if on_disk else ""
+    pending = False
+    if not loaded:
+        where = (f"the module installed for kernel {kernel} is {installed}" if on_disk
+                 else f"no amdgpu module is installed for kernel {kernel or '?'}"
+                 + (" (modinfo is not installed, so the module on disk is unknown)" if values.get("modinfo") == "no"
+                    else ""))
+        summary = (f"the amdgpu driver is not loaded on this host (no /sys/module/amdgpu): no GPU driver runs, "
+                   f"so there is nothing to compare; {where}{dkms_said}")
+    elif not on_disk:
+        reason = ("modinfo is not installed" if values.get("modinfo") == "no"
+                  else f"modinfo finds no amdgpu module for kernel {kernel or '?'}")
+        summary = (f"the loaded amdgpu driver is {shown(loaded_version)}; the installed one is unknown ({reason})"
+                   f"{dkms_said}")
+    else:
+        src_loaded, src_disk = values.get("loaded_srcversion", ""), values.get("disk_srcversion", "")
+        if loaded_version != disk_version:
+            pending = True
+            summary = (f"the loaded amdgpu driver is {shown(loaded_version)} but {installed} is installed for kernel "
+                       f"{kernel}: the new driver waits for a reboot{dkms_said}")
+        elif src_loaded and src_disk and src_loaded != src_disk:
+            pending = True
+            summary = (f"the loaded amdgpu driver {shown(loaded_version)} (srcversion {src_loaded}) is not the build "
+                       f"installed for kernel {kernel} ({disk_file}, srcversion {src_disk}): the new build waits for "
+                       f"a reboot{dkms_said}")
+        else:
+            summary = f"the loaded amdgpu driver is the installed one: {installed}{dkms_said}"
+    return {"loaded": loaded, "loaded_version": loaded_version if loaded else None,
+            "installed_version": disk_version if on_disk else None, "installed_file": disk_file or None,
+            "kernel": kernel, "dkms": dkms, "pending": pending, "summary": summary}
+
+
+# --- Staged package files -------------------------------------------------------------------------
+
+_DEB_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+.~%_-]*\.deb$")
+
+
+def rocm_staged_files(stdout: str) -> list[str]:
+    """`apt-get install --print-uris` → the file names it downloads into /var/cache/apt/archives
+    (each line: 'URI' FILE SIZE HASH). Anything but a plain .deb file name is refused."""
+    files: list[str] = []
+    for line in (stdout or "").splitlines():
+        parts = line.split()
+        if len(parts) < 2 or not parts[0].startswith("'"):
+            continue
+        name = parts[1]
+        if not _DEB_FILE.match(name):
+            raise AnsibleFilterError(f"apt-get --print-uris named {name!r}, which is not a .deb file name in "
+                                     "apt's cache; the role records only such files as staged")
+        if name not in files:
+            files.append(name)
+    return files
+
+
+def rocm_staged_record(previous: dict[str, Any] | None, release_id: str, files: list[str]) -> dict[str, Any]:
+    """The record of staged package files after staging release_id: the files downloaded now, added to those
+    an earlier stage recorded (a re-run downloads nothing new; a newer release's stage keeps the older files
+    listed, so a later successful activation still removes them). {} when no file is staged."""
+    before = [str(f) for f in ((previous or {}).get("files") or []) if _DEB_FILE.match(str(f))]
+    merged = sorted(set(before) | set(files or []))
+    return {"release_id": release_id, "files": merged} if merged else {}
+
+
+
+def rocm_staged_to_remove(record: dict[str, Any] | None, active_release_id: str, done: bool) -> list[str]:
+    """The staged files a finished activation removes: the record's, when the release just activated is the
+    one they were staged for and `done` (nothing is left to install). Otherwise none: they stay for a retry."""
+    record = record or {}
+    if not done or not active_release_id or record.get("release_id") != active_release_id:
+        return []
+    return [str(f) for f in record.get("files") or [] if _DEB_FILE.match(str(f))]
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -326,4 +498,10 @@ class FilterModule:
             "rocm_apt_names": rocm_apt_names,
             "rocm_agents": rocm_agents,
             "rocm_gpu_map": rocm_gpu_map,
+            "rocm_amd_layout": rocm_amd_layout,
+            "rocm_amd_layout_error": rocm_amd_layout_error,
+            "rocm_amdgpu_state": rocm_amdgpu_state,
+            "rocm_staged_files": rocm_staged_files,
+            "rocm_staged_record": rocm_staged_record,
+            "rocm_staged_to_remove": rocm_staged_to_remove,
         }
