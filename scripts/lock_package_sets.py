@@ -115,25 +115,39 @@ def header_value(text: str, key: str) -> str:
 
 
 def lock_set(uv: str, name: str, spec: dict[str, Any]) -> tuple[str, str]:
-    """The lock file's text for one set, and a one-line summary."""
+    """The lock file's text for one set, and a one-line summary.
+
+    Torch comes from one of two sources: PyTorch's index through uv's torch backend
+    (``lock.torch_backend``), or a find-links page of torch builds (``lock.torch_find_links``, e.g.
+    a mirror of AMD's per-release ROCm wheels; ``lock.torch_packages`` names what it serves). When
+    that source is unreachable or not given, the lock is written without those packages and says so."""
     lock = spec.get("lock", {})
     backend = str(lock.get("torch_backend") or "")
+    find_links = str(lock.get("torch_find_links") or "")
+    from_torch = tuple(canonical(p) for p in lock.get("torch_packages", TORCH_INDEX_PACKAGES))
     exclude = [canonical(p) for p in lock.get("exclude", [])]
     with_deps = [p for s in spec["steps"] if not s.get("no_deps") for p in s["packages"]]
     alone = [p for s in spec["steps"] if s.get("no_deps") for p in s["packages"]]
+    torch_source = (f"the find-links page {find_links}" if find_links
+                    else f"PyTorch's index (uv --torch-backend {backend})" if backend else "")
     with tempfile.TemporaryDirectory() as tmp:
         excludes = Path(tmp) / "excludes.txt"
         excludes.write_text("\n".join(exclude) + "\n")
-        args = ["--excludes", str(excludes)] + (["--torch-backend", backend] if backend else [])
-        resolved = uv_compile(uv, with_deps, *args)
+        args = ["--excludes", str(excludes)]
+        args += ["--find-links", find_links] if find_links else (["--torch-backend", backend] if backend else [])
+        needs_source = "torch_find_links" in lock and not find_links
+        resolved = None if needs_source else uv_compile(uv, with_deps, *args)
         incomplete = ""
-        if resolved.returncode != 0 and backend and UNREACHABLE.search(resolved.stderr):
-            # PyTorch's index is out of reach: lock what PyPI serves, and say what is missing.
-            missing = [p for p in with_deps if canonical(re.split(r"[=<>!~ ;\[]", p)[0]) in TORCH_INDEX_PACKAGES]
-            excludes.write_text("\n".join(exclude + list(TORCH_INDEX_PACKAGES)) + "\n")
-            resolved = uv_compile(uv, with_deps, "--excludes", str(excludes))
-            incomplete = (f"{', '.join(missing)} and what it needs from PyTorch's index (uv --torch-backend "
-                          f"{backend}) could not be resolved here: run `make lock` where that index is reachable")
+        if needs_source or (resolved.returncode != 0 and torch_source and UNREACHABLE.search(resolved.stderr)):
+            # The torch source is out of reach: lock what PyPI serves, and say what is missing.
+            missing = [p for p in with_deps if canonical(re.split(r"[=<>!~ ;\[]", p)[0]) in from_torch]
+            excludes.write_text("\n".join(exclude + list(from_torch)) + "\n")
+            resolved = uv_compile(uv, [p for p in with_deps if p not in missing], "--excludes", str(excludes))
+            where = torch_source or "its torch source"
+            incomplete = (f"{', '.join(missing)} and what they need from {where} could not be resolved here"
+                          + (" (no torch_find_links given: set sglang_venv_rocm_torch_index_url to a mirror of "
+                             "AMD's ROCm wheels)" if needs_source else "")
+                          + ": run `make lock` where that source is reachable")
         if resolved.returncode != 0:
             raise SystemExit(f"{name}: uv pip compile failed:\n{resolved.stderr.strip()}")
         pinned = uv_compile(uv, alone, "--no-deps") if alone else None
@@ -141,13 +155,13 @@ def lock_set(uv: str, name: str, spec: dict[str, Any]) -> tuple[str, str]:
             raise SystemExit(f"{name}: uv pip compile --no-deps failed:\n{pinned.stderr.strip()}")
     entries = parse_lock(resolved.stdout)
     entries.update(parse_lock(pinned.stdout) if pinned else {})
-    from_torch_index = sorted(e["name"] for k, e in entries.items() if backend and k in TORCH_INDEX_PACKAGES)
+    from_torch_index = sorted(e["name"] for k, e in entries.items() if torch_source and k in from_torch)
     version = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout.strip()
     lines = [
         f"# Lock of the sglang_venv package set {name}: written by `make lock` (scripts/lock_package_sets.py); "
         "do not edit.",
         f"# target: CPython {PYTHON_VERSION}, {PLATFORM}; resolver: {version}",
-        f"# torch backend: {backend or 'none'}; excluded: {', '.join(exclude) or 'none'}",
+        f"# torch backend: {backend or find_links or 'none'}; excluded: {', '.join(exclude) or 'none'}",
         f"# from PyTorch's index: {', '.join(from_torch_index) or 'none'}",
         f"# no-deps steps: {', '.join(alone) or 'none'}",
     ]
