@@ -93,7 +93,11 @@ def rendered_off(tmp_path_factory) -> Path:
     return _render(
         tmp_path_factory,
         "gpu-off",
-        {"sglang_service_driver_units": [], "sglang_service_hf_hub_offline": False, "sglang_service_rank_interface": ""},
+        {
+            "sglang_service_driver_units": [],
+            "sglang_service_hf_hub_offline": False,
+            "sglang_service_rank_interface": "",
+        },
     )
 
 
@@ -179,7 +183,8 @@ def test_rendered_tp2_unit_passes_systemd_analyze_verify(rendered, tmp_path):
         [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
     )
     ours = [line for line in run.stderr.splitlines() if "sglang-tp2.service" in line]
-    assert run.returncode == 0 and ours == [], run.stderr
+    assert run.returncode == 0, run.stderr
+    assert ours == [], run.stderr
 
 
 # --- the filter as a plain function -------------------------------------------------------------------
@@ -192,6 +197,6 @@ def test_rank_interface_env_filter():
     assert env({"--tp-size": 2}, "[::1]", "lo") == expected
     assert env({"--tp-size": 1}, "127.0.0.1", "lo") == {}
     assert env({}, "127.0.0.1", "lo") == {}
-    assert env({"--tp-size": 2}, "0.0.0.0", "lo") == {}
+    assert env({"--tp-size": 2}, "0.0.0.0", "lo") == {}  # noqa: S104 (a bind address as data)
     assert env({"--tp-size": 2}, "10.1.2.3", "lo") == {}
     assert env({"--tp-size": 2}, "127.0.0.1", "") == {}

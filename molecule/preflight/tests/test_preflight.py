@@ -64,3 +64,5 @@ def test_at_least_15_distinct_bad_inputs_each_refused_in_preflight_with_its_mess
         assert stdout.count("PLAY [") == 1, case["name"]
         for words in case["expect"]:
             assert words in output, (case["name"], words, stdout[-2000:])
+        for words in case.get("not_expect", []):
+            assert words not in output, (case["name"], words, stdout[-2000:])

@@ -15,6 +15,13 @@ the only implementation of its check: the sglang_service role reuses them throug
   ports, profiles, public bind without a key, TP size vs GPUs, HiCache rules, probe prompt length.
 - ``preflight_rollout_findings(settings)``: batches, probe settings, package set.
 - ``preflight_port_findings(results)``: ports held by other processes (check_port.py output).
+- ``preflight_disk_needs_findings(results, host)``: free disk of several paths, summed per filesystem.
+- ``preflight_kernel_findings(facts, settings)``: the running kernel against the ROCm release's list.
+- ``preflight_secure_boot_findings(probe, settings)``: Secure Boot with AMD's DKMS amdgpu module.
+- ``preflight_gpu_agents(rocminfo)`` / ``preflight_other_gpu_findings(rocminfo, settings)``: rocminfo's
+  GPU agents; a GPU agent that is not the expected gfx target (an enabled iGPU).
+- ``preflight_mem_available_findings(pools, probe, reserve_gib, host)``: the pinned pools against
+  MemAvailable with SGLang 0.5.23's own rule.
 - ``preflight_summary(findings, host)``: the one message per host.
 """
 
@@ -160,6 +167,219 @@ def disk_findings(free_bytes: Any, need_bytes: Any, path: str, host: str, what: 
     if free >= need:
         return []
     return [f"{path} on {host} has {free / 1e9:.1f} GB free; {what} needs {need / 1e9:.1f} GB. {fix}"]
+
+
+def disk_needs_findings(results: Sequence[Mapping[str, Any]], host: str) -> list[str]:
+    """Free disk for several needs, summed per filesystem (one df result per need).
+
+    results: registered loop results; each `item` is {path, need_bytes, what, fix}, each `stdout`
+    df's "<available bytes> <mount point>" for the path's nearest existing parent. Needs on one
+    filesystem (/, /opt and the model store often are) must fit together.
+    """
+    mounts: dict[str, dict[str, Any]] = {}
+    for result in results:
+        if result.get("skipped"):
+            continue
+        item = result.get("item") or {}
+        need = int(float(item.get("need_bytes") or 0))
+        if need <= 0:
+            continue
+        words = str(result.get("stdout") or "").split()
+        free = int(words[0]) if words and words[0].isdigit() else 0
+        mount = " ".join(words[1:]) or str(item.get("path"))
+        entry = mounts.setdefault(mount, {"free": free, "need": 0, "items": []})
+        entry["need"] += need
+        entry["items"].append(item)
+    found = []
+    for mount, entry in mounts.items():
+        if entry["free"] >= entry["need"]:
+            continue
+        items = entry["items"]
+        if len(items) == 1:
+            item = items[0]
+            found.append(
+                f"{item.get('path')} on {host} has {entry['free'] / 1e9:.1f} GB free; {item.get('what')} needs "
+                f"{entry['need'] / 1e9:.1f} GB. {item.get('fix')}"
+            )
+            continue
+        parts = "; ".join(
+            f"{item.get('what')} under {item.get('path')}: {int(float(item.get('need_bytes'))) / 1e9:.1f} GB"
+            for item in items
+        )
+        fixes = " ".join(dict.fromkeys(str(item.get("fix")) for item in items))
+        found.append(
+            f"the filesystem at {mount} on {host} has {entry['free'] / 1e9:.1f} GB free, but this run stages "
+            f"{entry['need'] / 1e9:.1f} GB there ({parts}). {fixes}"
+        )
+    return found
+
+
+# --- kernel, Secure Boot, other GPU agents, MemAvailable ------------------------------------------------
+def _os_key(facts: Mapping[str, Any]) -> str:
+    distro = str(facts.get("distribution", "?"))
+    version = str(facts.get("distribution_version", "?"))
+    if distro != "Ubuntu":
+        version = str(facts.get("distribution_major_version", version))
+    return f"{distro} {version}"
+
+
+def _series(kernel: Any) -> str:
+    match = re.match(r"^(\d+)\.(\d+)", str(kernel))
+    return f"{match.group(1)}.{match.group(2)}" if match else str(kernel)
+
+
+def kernel_findings(facts: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """The running kernel (ansible_kernel) against the kernel series AMD lists for the ROCm release.
+
+    settings: dkms (the host gets AMD's amdgpu-dkms; otherwise nothing to check), rocm_version,
+    kernels ({rocm version: {"<distribution> <version>": [series, ...]}}), accept_unlisted. A series
+    is "major.minor" ("6.8" matches 6.8.0-85-generic).
+    """
+    if not settings.get("dkms", True) or settings.get("accept_unlisted"):
+        return []
+    version = str(settings.get("rocm_version") or "")
+    kernel = str(facts.get("kernel", "?"))
+    accept = "or set preflight_kernel_accept_unlisted: true to run this kernel anyway"
+    if not version:
+        return [
+            "the ROCm release is unknown, so the running kernel cannot be checked against AMD's list: set "
+            f"rocm_version (or preflight_rocm_version) in the inventory, {accept}."
+        ]
+    table = (settings.get("kernels") or {}).get(version)
+    if not table:
+        return [
+            f"preflight_rocm_supported_kernels has no kernel list for ROCm {version} (rocm_version); add it from "
+            f"AMD's system requirements for that release, {accept}."
+        ]
+    key = _os_key(facts)
+    series = [str(item) for item in table.get(key, [])]
+    if _series(kernel) in series:
+        return []
+    listed = ", ".join(series) if series else f"none for {key}"
+    return [
+        f"running kernel {kernel} ({key}) is not one AMD lists for ROCm {version} (series {listed}; "
+        "preflight_rocm_supported_kernels): amdgpu-dkms may not build or load, leaving no /dev/kfd. Boot a listed "
+        f"kernel, change rocm_version to a release that lists it, {accept}."
+    ]
+
+
+def secure_boot_state(probe: Any) -> str:
+    """enabled, disabled or absent (no EFI) from the probe's output.
+
+    The probe prints the SecureBoot EFI variable's value byte (1 enabled, 0 disabled), or the output
+    of `mokutil --sb-state`, or `no-efi`.
+    """
+    text = str(probe or "").strip()
+    lowered = text.lower()
+    if text == "1" or "secureboot enabled" in lowered:
+        return "enabled"
+    if text == "0" or "secureboot disabled" in lowered:
+        return "disabled"
+    return "absent"
+
+
+def secure_boot_findings(probe: Any, settings: Mapping[str, Any]) -> list[str]:
+    """Enabled Secure Boot with AMD's DKMS amdgpu: the unsigned module does not load after the reboot.
+
+    settings: dkms (the host gets amdgpu-dkms), mok_enrolled (the inventory says the DKMS signing key
+    is enrolled as a MOK).
+    """
+    if not settings.get("dkms") or settings.get("mok_enrolled"):
+        return []
+    if secure_boot_state(probe) != "enabled":
+        return []
+    return [
+        "Secure Boot is enabled and the amdgpu driver comes from AMD's DKMS package: a module signed with a key the "
+        "firmware does not trust is refused at boot, so after the reboot there is no /dev/kfd and no GPU. Enroll the "
+        "DKMS signing key (mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot) and set "
+        "preflight_secure_boot_mok_enrolled: true, or disable Secure Boot in the firmware."
+    ]
+
+
+def gpu_agents(rocminfo: Any) -> list[dict[str, str]]:
+    """GPU agents of rocminfo's output, in its order (HIP's device order): {name, marketing_name}."""
+    agents = []
+    for block in re.split(r"(?m)^\*+\s*\n\s*Agent\s+\d+\s*\n\*+\s*$", str(rocminfo or ""))[1:]:
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            match = re.match(r"^  (\S[^:]*):\s*(.*?)\s*$", line)  # agent-level keys only (2 spaces)
+            if match and match.group(1) not in fields:
+                fields[match.group(1)] = match.group(2)
+        if fields.get("Device Type") == "GPU":
+            agents.append({"name": fields.get("Name", "?"), "marketing_name": fields.get("Marketing Name", "")})
+    return agents
+
+
+def other_gpu_findings(rocminfo: Any, settings: Mapping[str, Any]) -> list[str]:
+    """A GPU agent that is not the expected gfx target (e.g. a Ryzen 7000's iGPU, gfx1036).
+
+    settings: gpu_arch, accept_other (the inventory accepts such agents). HIP enumerates the iGPU as a
+    device too, shifting HIP_VISIBLE_DEVICES and offering a tiny device to the runtime.
+    """
+    if rocminfo is None or settings.get("accept_other"):
+        return []
+    arch = str(settings.get("gpu_arch", "gfx1100"))
+    agents = gpu_agents(rocminfo)
+    others = [(index, agent) for index, agent in enumerate(agents) if agent["name"] != arch]
+    if not others:
+        return []
+    listed = ", ".join(
+        f"HIP device {index}: {agent['name']}" + (f" ({agent['marketing_name']})" if agent["marketing_name"] else "")
+        for index, agent in others
+    )
+    return [
+        f"rocminfo lists GPU agent(s) that are not {arch} (preflight_gpu_arch): {listed}. An integrated GPU is "
+        "enumerated by HIP beside the cards and shifts the device indices; AMD advises disabling the iGPU in the "
+        "BIOS. Disable it there, or set preflight_gpu_accept_other_agents: true and map each instance's "
+        "HIP_VISIBLE_DEVICES to the cards."
+    ]
+
+
+def mem_available_findings(
+    pools: Sequence[Mapping[str, Any]], probe: Any, reserve_gib: Any, host: str = ""
+) -> list[str]:
+    """The pinned HiCache pools against MemAvailable, with SGLang 0.5.23's own rule.
+
+    SGLang (srt/mem_cache/pool_host/base.py, host_memory_budget_bytes) admits a rank's pool when it
+    fits (psutil's available memory, i.e. MemAvailable, bounded by the cgroup's headroom, minus
+    HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 GiB) divided by the ranks on the host: all ranks together
+    need sum(pools) + 10 GiB <= MemAvailable. probe: lines "MemAvailable <bytes>" and
+    "<unit> <bytes>" (memory a unit of this plan holds now, minus its page cache; freed by its restart).
+    """
+    total = sum(float(pool.get("gb", pool.get("host_pool_gb", 0)) or 0) for pool in pools)
+    if total <= 0:
+        return []
+    available, freed, units = None, 0, []
+    for line in str(probe or "").splitlines():
+        words = line.split()
+        if len(words) != 2 or not words[1].isdigit():
+            continue
+        if words[0] == "MemAvailable":
+            available = int(words[1])
+        else:
+            freed += int(words[1])
+            units.append(words[0])
+    if available is None:
+        where = host or "the host"
+        return [f"MemAvailable could not be read from /proc/meminfo on {where}; the HiCache pools are unchecked."]
+    reserve = float(reserve_gib) * 1024**3
+    usable = available + freed
+    if total * 1e9 + reserve <= usable:
+        return []
+    labels = " + ".join(
+        " ".join(str(pool.get("label", pool.get("host_pool_label", ""))).split())
+        for pool in pools
+        if float(pool.get("gb", pool.get("host_pool_gb", 0)) or 0) > 0
+    )
+    variables = sorted({str(pool["variable"]) for pool in pools if pool.get("variable")})
+    running = f" + {freed / 1e9:.1f} GB held by {', '.join(units)} (freed by the restart)" if units else ""
+    return [
+        f"SGLang would refuse the HiCache host pools on {host or 'the host'}: they pin {total:g} GB ({labels}), and "
+        f"SGLang admits them only within MemAvailable minus its own {float(reserve_gib):g} GiB reserve "
+        f"(preflight_sglang_host_reserve_gib): {available / 1e9:.1f} GB available{running} - "
+        f"{reserve / 1e9:.1f} GB = {(usable - reserve) / 1e9:.1f} GB. Lower "
+        f"{' / '.join(variables) or '--hicache-size'}, lower tp-size, or free memory on the host."
+    ]
 
 
 # --- SGLang argv against its flag table -------------------------------------------------------------
@@ -519,6 +739,12 @@ class FilterModule:
             "preflight_gpus_found": gpus_found,
             "preflight_ram_findings": ram_findings,
             "preflight_disk_findings": disk_findings,
+            "preflight_disk_needs_findings": disk_needs_findings,
+            "preflight_kernel_findings": kernel_findings,
+            "preflight_secure_boot_findings": secure_boot_findings,
+            "preflight_gpu_agents": gpu_agents,
+            "preflight_other_gpu_findings": other_gpu_findings,
+            "preflight_mem_available_findings": mem_available_findings,
             "preflight_sglang_argv": sglang_argv,
             "preflight_service_findings": service_findings,
             "preflight_rollout_findings": rollout_findings,
