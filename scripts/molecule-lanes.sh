@@ -34,7 +34,7 @@ scenarios=("$@")
 # ones that are really longer.
 declare -A expected=(
   [rollout]=2490 [sglang_service]=780 [sglang_venv]=500 [ab_benchmark]=500 [monitoring]=360
-  [rocm]=230 [models]=210 [preflight]=180 [rocm_amd]=80
+  [rocm]=230 [models]=210 [preflight]=180 [rocm_amd]=80 [capture]=480 [first_host]=240
 )
 times_file="$logs/scenario-times"
 if [ -f "$times_file" ]; then

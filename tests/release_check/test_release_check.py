@@ -187,7 +187,7 @@ def ansible_module(tmp_path: Path, args: dict, check: bool = False) -> dict:
            "-e", json.dumps({"ansible_python_interpreter": sys.executable})] + (["--check"] if check else [])
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     # minimal callback: `localhost | FAILED! => {...}` (or SUCCESS)
-    status, sep, body = proc.stdout[proc.stdout.rfind("localhost | "):].partition(" => ")
+    status, _, body = proc.stdout[proc.stdout.rfind("localhost | "):].partition(" => ")
     try:
         result = json.loads(body)
     except ValueError:

@@ -13,15 +13,13 @@ which templates the unit and env file), then its ExecStart is split with systemd
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from plugins import load
+from service_render import run_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "sglang_service"
@@ -185,13 +183,7 @@ PLAYBOOK = """
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("render")
-    (out / "render.yml").write_text(PLAYBOOK, encoding="utf-8")
-    extra = {
-        "out": str(out),
-        "ansible_python_interpreter": sys.executable,
-        "sglang_service_model_path": "/srv/models/main",
-        "sglang_service_draft_model_path": "/srv/models/draft",
+    return run_plan(tmp_path_factory.mktemp("render"), PLAYBOOK, {
         "sglang_service_instances": [
             {"name": "main", "port": 30004},
             {"name": "baseline", "port": 30010, "profile": "seed-baseline", "hicache_enabled": False},
@@ -199,26 +191,7 @@ def rendered(tmp_path_factory) -> Path:
             {"name": "weird", "port": 30012, "args": {"--model-path": WEIRD_MODEL}},
             {"name": "homey", "port": 30013, "args": {"--model-path": "/home/ops/models/main"}},
         ],
-    }
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_FACT_CACHING="memory",
-        ANSIBLE_NOCOLOR="1",
-    )
-    playbook = Path(sys.executable).parent / "ansible-playbook"
-    run = subprocess.run(
-        [str(playbook), "-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(extra)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    return out
+    })
 
 
 # What the toolkit adds to the seed's command lines (Prometheus metrics for roles/monitoring): the

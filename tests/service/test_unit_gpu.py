@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from plugins import load
+from service_render import run_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "sglang_service"
@@ -52,35 +51,7 @@ INSTANCES = [
 
 
 def _render(tmp_path_factory, name: str, extra_vars: dict) -> Path:
-    out = tmp_path_factory.mktemp(name)
-    (out / "render.yml").write_text(PLAYBOOK, encoding="utf-8")
-    extra = {
-        "out": str(out),
-        "ansible_python_interpreter": sys.executable,
-        "sglang_service_model_path": "/srv/models/main",
-        "sglang_service_draft_model_path": "/srv/models/draft",
-        "sglang_service_instances": INSTANCES,
-        **extra_vars,
-    }
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_FACT_CACHING="memory",
-        ANSIBLE_NOCOLOR="1",
-    )
-    playbook = Path(sys.executable).parent / "ansible-playbook"
-    run = subprocess.run(
-        [str(playbook), "-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(extra)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    return out
+    return run_plan(tmp_path_factory.mktemp(name), PLAYBOOK, {"sglang_service_instances": INSTANCES, **extra_vars})
 
 
 @pytest.fixture(scope="module")

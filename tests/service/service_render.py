@@ -1,0 +1,37 @@
+"""Render the sglang_service role's plan on localhost through Ansible (test_render.py, test_unit_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_plan(out: Path, playbook: str, extra_vars: dict) -> Path:
+    """Write `playbook` into `out`, run it with the role's model paths and `extra_vars`; `out`."""
+    (out / "render.yml").write_text(playbook, encoding="utf-8")
+    extra = {
+        "out": str(out),
+        "ansible_python_interpreter": sys.executable,
+        "sglang_service_model_path": "/srv/models/main",
+        "sglang_service_draft_model_path": "/srv/models/draft",
+        **extra_vars,
+    }
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_FACT_CACHING="memory",
+        ANSIBLE_NOCOLOR="1",
+    )
+    playbook_bin = Path(sys.executable).parent / "ansible-playbook"
+    run = subprocess.run(
+        [str(playbook_bin), "-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    return out
