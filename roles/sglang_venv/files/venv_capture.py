@@ -144,8 +144,9 @@ def make_manifest(directory: str, name: str, source_host: str, source_path: str)
 
 
 def summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: manifest[k] for k in ("name", "archive_sha256", "archive_size", "python", "sglang_version", "source")} | {
-        "files": len(manifest["files"]), "distributions": len(manifest["distributions"])}
+    keys = ("name", "archive_sha256", "archive_size", "python", "sglang_version", "source")
+    return {k: manifest[k] for k in keys} | {"files": len(manifest["files"]),
+                                             "distributions": len(manifest["distributions"])}
 
 
 def load_manifest(path: str) -> dict[str, Any]:
@@ -154,7 +155,8 @@ def load_manifest(path: str) -> dict[str, Any]:
             manifest = json.load(handle)
     except (OSError, ValueError) as exc:
         raise CaptureError(f"cannot read the manifest {path}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not (isinstance(files, dict) and manifest.get("format") == FORMAT):
         raise CaptureError(f"{path} is not a capture manifest (format {FORMAT}); capture the venv again")
     return manifest
 
@@ -176,7 +178,8 @@ def verify_archive(directory: str) -> dict[str, Any]:
     except (tarfile.TarError, OSError) as exc:
         raise CaptureError(f"{archive} is not a readable archive: {exc}") from exc
     if members != manifest["files"]:
-        differ = sorted(set(members) ^ set(manifest["files"]) | {p for p in members if members[p] != manifest["files"].get(p)})
+        changed = {p for p in members if members[p] != manifest["files"].get(p)}
+        differ = sorted(set(members) ^ set(manifest["files"]) | changed)
         raise CaptureError(f"{archive} does not hold what its manifest lists ({len(differ)} path(s), first: "
                            f"{', '.join(differ[:3])}); capture the venv again")
     return summary(manifest)
