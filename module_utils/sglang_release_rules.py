@@ -173,10 +173,13 @@ def abi_problems(site_dir: str, torch_version: str = "") -> tuple[list[str], lis
                 f"({shown}{f'; and {more} more' if more > 0 else ''}): importing it fails, so the server dies at "
                 "start. Pin the torch the extension was built for, or an extension built for this torch")
         if abi["absent_libraries"]:
+            absent = " ".join(abi["absent_libraries"])
+            built_for = ("a ROCm torch" if "_hip" in absent else "a CUDA torch" if "_cuda" in absent
+                         else "another torch")
             problems.append(
-                f"{rel} needs {', '.join(abi['absent_libraries'])}, which the venv's torch does not ship (a ROCm "
-                "build of torch ships libc10_hip.so and libtorch_hip.so): install the torch build the extension "
-                "was built for")
+                f"{rel} needs {', '.join(abi['absent_libraries'])}, which the venv's torch does not ship: it was "
+                f"built for {built_for}, so importing it fails; install the torch build the extension was built "
+                "for, or the extension's build for this torch")
     return problems, findings
 
 

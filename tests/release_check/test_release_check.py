@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from plugins import load
-from release_wheels import REPO, make_venv
+from release_wheels import REPO, fetch, make_venv, unpack
 
 rules = load("module_utils/sglang_release_rules.py")
 
@@ -53,7 +53,9 @@ def test_kernel_fits_torch_2_9_1(tmp_path, rdna3_kernel, torch_libs):
     # PyPI's torch is a CUDA build: the kernel's HIP libraries are not there, and that alone is said.
     assert abi["absent_libraries"] == ["libc10_hip.so", "libtorch_hip.so"]
     assert len(problems) == 1
-    assert "needs libc10_hip.so, libtorch_hip.so, which the venv's torch does not ship" in problems[0]
+    assert problems[0].startswith("sgl_kernel/common_ops.cpython-312-x86_64-linux-gnu.so needs libc10_hip.so, "
+                                  "libtorch_hip.so, which the venv's torch does not ship: it was built for a ROCm "
+                                  "torch")
 
 
 def test_kernel_refused_against_torch_2_14_1(tmp_path, rdna3_kernel, torch_libs):
@@ -69,6 +71,20 @@ def test_kernel_refused_against_torch_2_14_1(tmp_path, rdna3_kernel, torch_libs)
     assert built[0].startswith("sgl_kernel/common_ops.cpython-312-x86_64-linux-gnu.so was built against another torch: "
                                "4 of its torch symbols are exported by none of the venv's torch 2.14.1 libraries")
     assert "c10::MessageLogger::MessageLogger(char const*, int, int)" in built[0]
+
+
+def test_pypis_torchvision_beside_a_cpu_torch_is_refused(tmp_path):
+    """What sglang 0.5.19 imports at module load (srt/utils/common.py) fails this way with the CPU
+    test set: PyPI's torchvision is a CUDA build ("operator torchvision::nms does not exist")."""
+    vision = unpack(fetch("torchvision==0.28.0"), ("torchvision/",)) / "torchvision"
+    cpu_lib = unpack(fetch("torch==2.13.0+cpu"), ("torch/lib/",)) / "torch" / "lib"
+    site = make_venv(tmp_path, torch_lib=cpu_lib) / "lib/python3.12/site-packages"
+    shutil.copytree(vision, site / "torchvision")
+    problems, findings = rules.abi_problems(str(site), "2.13.0+cpu")
+    assert {os.path.basename(f["path"]) for f in findings} >= {"_C.so"}
+    c_so = next(p for p in problems if p.startswith("torchvision/_C.so"))
+    assert c_so.startswith("torchvision/_C.so needs libc10_cuda.so, libtorch_cuda.so, which the venv's torch does "
+                           "not ship: it was built for a CUDA torch")
 
 
 def test_an_extension_without_torch_is_not_checked(tmp_path):
