@@ -151,7 +151,7 @@ def distributions(site: str) -> dict[str, dict[str, str]]:
                 for line in handle:
                     if not line.strip():
                         break
-                    key, _, value = line.partition(":")
+                    key, _sep, value = line.partition(":")
                     if key in ("Name", "Version"):
                         fields[key.lower()] = value.strip()
         except OSError:

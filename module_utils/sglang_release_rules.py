@@ -424,7 +424,7 @@ def supported_act_dtypes(quant_dir: str, class_name: str) -> list[str] | None:
     """The dtypes ``<class_name>.get_supported_act_dtypes`` returns (``torch.half`` -> ``float16``),
     found in the quantization package's modules; None when it cannot be read statically."""
     aliases = DTYPE_ALIASES
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(quant_dir) for f in fs if f.endswith(".py"))
+    files = sorted(os.path.join(d, f) for d, _dirs, fs in os.walk(quant_dir) for f in fs if f.endswith(".py"))
     for path in files:
         try:
             with open(path, encoding="utf-8") as handle:
