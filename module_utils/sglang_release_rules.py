@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import subprocess
@@ -82,16 +83,22 @@ def undefined_symbols(path: str) -> set[str]:
 
 
 def defined_symbols(paths: Iterable[str]) -> set[str]:
-    """Dynamic symbols the given libraries export."""
-    paths = list(paths)
-    if not paths:
-        return set()
-    symbols = set()
-    for line in _run(["nm", "-D", "--defined-only", *paths]).splitlines():
+    """Dynamic symbols the given libraries export (each library read once per process: every
+    extension of a venv resolves against the same torch libraries)."""
+    symbols: set[str] = set()
+    for path in paths:
+        symbols |= _exports(os.path.realpath(path))
+    return symbols
+
+
+@functools.lru_cache(maxsize=64)
+def _exports(path: str) -> frozenset[str]:
+    out = set()
+    for line in _run(["nm", "-D", "--defined-only", path]).splitlines():
         parts = line.split()
         if len(parts) >= 3 and parts[1] not in ("U", "w", "v"):
-            symbols.add(parts[2].split("@")[0])
-    return symbols
+            out.add(parts[2].split("@")[0])
+    return frozenset(out)
 
 
 def demangle(symbols: Iterable[str]) -> dict[str, str]:

@@ -10,10 +10,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The role's plan phase on localhost: every instance's unit file and the whole plan as JSON in `out`.
+PLAYBOOK = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: sglang_service
+        tasks_from: plan.yml
+    - ansible.builtin.copy:
+        content: "{{ item.unit_content }}"
+        dest: "{{ out }}/{{ item.unit }}"
+        mode: "0644"
+      loop: "{{ _sglang_service_plan }}"
+      loop_control:
+        label: "{{ item.unit }}"
+    - ansible.builtin.copy:
+        content: "{{ _sglang_service_plan | to_json }}"
+        dest: "{{ out }}/plan.json"
+        mode: "0644"
+"""
 
-def run_plan(out: Path, playbook: str, extra_vars: dict) -> Path:
-    """Write `playbook` into `out`, run it with the role's model paths and `extra_vars`; `out`."""
-    (out / "render.yml").write_text(playbook, encoding="utf-8")
+
+def run_plan(out: Path, extra_vars: dict) -> Path:
+    """Render the plan (PLAYBOOK) into `out` with the role's model paths and `extra_vars`; `out`."""
+    (out / "render.yml").write_text(PLAYBOOK, encoding="utf-8")
     extra = {
         "out": str(out),
         "ansible_python_interpreter": sys.executable,

@@ -159,31 +159,11 @@ def exec_start(unit: str) -> list[str]:
 
 
 # --- rendering through Ansible -------------------------------------------------------------------
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role:
-        name: sglang_service
-        tasks_from: plan.yml
-    - ansible.builtin.copy:
-        content: "{{ item.unit_content }}"
-        dest: "{{ out }}/{{ item.unit }}"
-        mode: "0644"
-      loop: "{{ _sglang_service_plan }}"
-      loop_control:
-        label: "{{ item.unit }}"
-    - ansible.builtin.copy:
-        content: "{{ _sglang_service_plan | to_json }}"
-        dest: "{{ out }}/plan.json"
-        mode: "0644"
-"""
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Path:
-    return run_plan(tmp_path_factory.mktemp("render"), PLAYBOOK, {
+    return run_plan(tmp_path_factory.mktemp("render"), {
         "sglang_service_instances": [
             {"name": "main", "port": 30004},
             {"name": "baseline", "port": 30010, "profile": "seed-baseline", "hicache_enabled": False},

@@ -22,22 +22,6 @@ from service_render import run_plan
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "sglang_service"
 
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role:
-        name: sglang_service
-        tasks_from: plan.yml
-    - ansible.builtin.copy:
-        content: "{{ item.unit_content }}"
-        dest: "{{ out }}/{{ item.unit }}"
-        mode: "0644"
-      loop: "{{ _sglang_service_plan }}"
-      loop_control:
-        label: "{{ item.unit }}"
-"""
 
 INSTANCES = [
     # seed-validated: --tp-size 2, bound to sglang_service_bind_address (127.0.0.1).
@@ -51,7 +35,7 @@ INSTANCES = [
 
 
 def _render(tmp_path_factory, name: str, extra_vars: dict) -> Path:
-    return run_plan(tmp_path_factory.mktemp(name), PLAYBOOK, {"sglang_service_instances": INSTANCES, **extra_vars})
+    return run_plan(tmp_path_factory.mktemp(name), {"sglang_service_instances": INSTANCES, **extra_vars})
 
 
 @pytest.fixture(scope="module")
