@@ -198,6 +198,8 @@ def against_reference(rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--record", action="store_true",
+                        help="write the printed figures into docs/benchmarks.md (benchmarks/record.py)")
     parser.add_argument("--serve-reference", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_reference:
@@ -212,4 +214,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import record  # benchmarks/record.py: --record writes the figures into docs/benchmarks.md
+
+    raise SystemExit(record.run(main, "probe_accuracy"))

@@ -171,6 +171,8 @@ def one_host_change(inventory: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--record", action="store_true",
+                        help="write the printed figures into docs/benchmarks.md (benchmarks/record.py)")
     parser.add_argument("--inventory", type=Path,
                         default=Path(os.environ.get("HICACHE_FLEET_BENCH_INVENTORY") or INVENTORY))
     parser.add_argument("--one", default=os.environ.get("HICACHE_FLEET_BENCH_ONE") or "demo-1",
@@ -228,4 +230,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import record  # benchmarks/record.py: --record writes the figures into docs/benchmarks.md
+
+    raise SystemExit(record.run(main, "rollout_rerun"))

@@ -78,6 +78,8 @@ def _body(ids: list[int]) -> bytes:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20, help="requests per measurement")
+    parser.add_argument("--record", action="store_true",
+                        help="write the printed figures into docs/benchmarks.md (benchmarks/record.py)")
     parser.add_argument("--tokens", type=int, default=128_000, help="input ids per request")
     opts = parser.parse_args()
     rng = random.Random(42)
@@ -152,4 +154,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import record  # benchmarks/record.py: --record writes the figures into docs/benchmarks.md
+
+    raise SystemExit(record.run(main, "sim_overhead"))

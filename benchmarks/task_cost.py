@@ -63,6 +63,8 @@ def per_task(label: str, env: dict[str, str], args: argparse.Namespace, tmp: Pat
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", type=int, default=40)
+    parser.add_argument("--record", action="store_true",
+                        help="write the printed figures into docs/benchmarks.md (benchmarks/record.py)")
     parser.add_argument("--inventory", type=Path,
                         default=Path(os.environ.get("HICACHE_FLEET_BENCH_INVENTORY") or INVENTORY))
     parser.add_argument("--one", default=os.environ.get("HICACHE_FLEET_BENCH_ONE") or "demo-1")
@@ -91,4 +93,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import record  # benchmarks/record.py: --record writes the figures into docs/benchmarks.md
+
+    raise SystemExit(record.run(main, "task_cost"))
