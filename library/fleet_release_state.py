@@ -81,6 +81,28 @@ options:
     type: list
     elements: path
     default: []
+  phases:
+    description:
+      - >-
+        The controller's digest of each phase of the desired release (for example C(rocm), C(venv),
+        C(models)), by phase name: what that phase reads, and the phases before it. Stored, like
+        O(fingerprint), only as an HMAC-SHA256 under the host's key.
+      - >-
+        With O(state=check), a phase is current (RV(current_phases)) when its digest is the recorded
+        one and nothing recorded drifted, even when O(fingerprint) differs: a run whose change
+        touches a later phase (the service's config) can leave that phase's tasks out. When
+        O(fingerprint) differs and O(phases) is given, the files, trees and units are checked.
+    type: dict
+    default: {}
+  outputs:
+    description:
+      - >-
+        With O(state=record): the facts each phase published in the recorded run, by phase name (a
+        mapping of fact names to values; only phases also in O(phases)). Stored in plain in the record
+        (mode C(0600)): no secrets. O(state=check) returns those of the current phases (RV(outputs)),
+        for the run to publish in place of the phases it leaves out.
+    type: dict
+    default: {}
   units:
     description:
       - >-
@@ -161,6 +183,20 @@ converged:
   returned: when state is check
   type: bool
   sample: false
+current_phases:
+  description: >-
+    The phases of O(phases) whose recorded digest is the one given, on a host where nothing recorded
+    drifted (all of them when RV(converged)); empty when the record is missing, unreadable or older
+    than phases, or when anything drifted.
+  returned: when state is check
+  type: list
+  elements: str
+  sample: [rocm, venv, models]
+outputs:
+  description: The facts the current phases published in the recorded run, by phase (see O(outputs)).
+  returned: when state is check
+  type: dict
+  sample: {models: {models_main_path: /srv/models/seed-27b/1a2b3c}}
 reasons:
   description: Why the host is not converged, one sentence each naming the path or unit; empty when converged.
   returned: when state is check
@@ -179,7 +215,8 @@ recorded:
     trees: {description: trees stored, type: int}
     tree_files: {description: files whose size is stored (over all trees), type: int}
     units: {description: units stored, type: int}
-  sample: {files: 3, globs: 2, trees: 1, tree_files: 14, units: 1}
+    phases: {description: phases stored, type: int}
+  sample: {files: 3, globs: 2, trees: 1, tree_files: 14, units: 1, phases: 3}
 """
 
 import glob
@@ -311,6 +348,14 @@ def validate(params):
     for unit in params["units"]:
         if not unit or unit.startswith("-") or any(c.isspace() for c in unit):
             errors.append(f"units must be unit names, not {unit!r}.")
+    for name, digest in params["phases"].items():
+        if not isinstance(digest, str) or not digest:
+            errors.append(f"phases must map phase names to non-empty digests, not {name!r}: {digest!r}.")
+    for name, facts in params["outputs"].items():
+        if name not in params["phases"]:
+            errors.append(f"outputs names phase {name!r}, which phases does not give.")
+        elif not isinstance(facts, dict):
+            errors.append(f"outputs[{name!r}] must be a mapping of fact names to values.")
     return errors
 
 
@@ -333,13 +378,17 @@ def build_record(module, params, key, skip):
                 raise StateError(f"cannot record {match}: {exc}") from None
         files[pattern] = entry
     trees = {top: tree_sizes(top, skip) for top in params["trees"]}
-    return {
+    rec = {
         "version": RECORD_VERSION,
         "fingerprint_hmac": hmac_hex(key, params["fingerprint"].encode("utf-8")),
         "files": files,
         "trees": trees,
         "units": units,
     }
+    if params["phases"]:
+        rec["phases"] = {name: hmac_hex(key, digest.encode("utf-8")) for name, digest in params["phases"].items()}
+        rec["outputs"] = {name: facts for name, facts in params["outputs"].items() if name in params["phases"]}
+    return rec
 
 
 def write_atomic(path, data):
@@ -410,6 +459,7 @@ def record(module, params):
         "trees": len(rec["trees"]),
         "tree_files": sum(len(v) if isinstance(v, dict) else 1 for v in rec["trees"].values()),
         "units": len(rec["units"]),
+        "phases": len(rec.get("phases", {})),
     }
     verb = "would record" if module.check_mode else "recorded"
     if changed:
@@ -475,6 +525,13 @@ def record_problem(rec):
     units = rec.get("units")
     if not isinstance(units, list) or not all(isinstance(u, str) for u in units):
         return "units is not a list of unit names"
+    # Optional (records written without phases have neither).
+    phases = rec.get("phases", {})
+    if not isinstance(phases, dict) or not all(isinstance(h, str) for h in phases.values()):
+        return "phases is not a map of phase names to HMACs"
+    outputs = rec.get("outputs", {})
+    if not isinstance(outputs, dict) or not all(isinstance(v, dict) for v in outputs.values()):
+        return "outputs is not a map of phase names to facts"
     return None
 
 
@@ -547,21 +604,23 @@ def scope_reasons(params, rec):
 
 
 def check(module, params):
+    """(reasons, current phases, their outputs)."""
     path = params["path"]
     key_path = key_path_of(path)
     rec, reason = load_record(path)
     if reason:
-        return [reason]
+        return [reason], [], {}
     try:
         key = read_key(key_path)
     except StateError as exc:
-        return [str(exc)]
+        return [str(exc)], [], {}
     if key is None:
-        return [f"the key of the converged record ({key_path}) is missing, so the record cannot be verified"]
+        return [f"the key of the converged record ({key_path}) is missing, so the record cannot be verified"], [], {}
     expected = hmac_hex(key, params["fingerprint"].encode("utf-8"))
-    if not hmac.compare_digest(expected, rec["fingerprint_hmac"]):
+    release_same = hmac.compare_digest(expected, rec["fingerprint_hmac"])
+    if not release_same and not params["phases"]:
         return ["the desired release changed since the last whole run "
-                "(files, trees and units were not checked)"]
+                "(files, trees and units were not checked)"], [], {}
     skip = {os.path.realpath(path), os.path.realpath(key_path)}
     reasons = scope_reasons(params, rec)
     reasons += file_reasons(key, rec["files"], skip)
@@ -569,7 +628,16 @@ def check(module, params):
     states = unit_states(module, rec["units"])
     reasons += [f"{u} is not active ({s})" for u, s in states.items() if s != "active"]
     # A file matched by two recorded globs is told once.
-    return list(dict.fromkeys(reasons))
+    reasons = list(dict.fromkeys(reasons))
+    recorded = rec.get("phases", {})
+    current = [] if reasons else sorted(
+        name for name, digest in params["phases"].items()
+        if name in recorded and hmac.compare_digest(hmac_hex(key, digest.encode("utf-8")), recorded[name])
+    )
+    if not release_same:
+        reasons.insert(0, "the desired release changed since the last whole run")
+    outputs = {name: rec.get("outputs", {}).get(name, {}) for name in current}
+    return reasons, current, outputs
 
 
 def main():
@@ -581,6 +649,8 @@ def main():
             "files": {"type": "list", "elements": "path", "default": []},
             "trees": {"type": "list", "elements": "path", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
+            "phases": {"type": "dict", "default": {}, "no_log": True},
+            "outputs": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -595,12 +665,15 @@ def main():
         if params["state"] == "record":
             result = record(module, params)
         else:
-            reasons = check(module, params)
+            reasons, current, outputs = check(module, params)
             if reasons:
                 msg = "not converged: " + "; ".join(reasons)
+                if current:
+                    msg += f" (current phases: {', '.join(current)})"
             else:
                 msg = f"converged: the record at {params['path']} still holds"
-            result = {"changed": False, "converged": not reasons, "reasons": reasons, "msg": msg}
+            result = {"changed": False, "converged": not reasons, "reasons": reasons, "msg": msg,
+                      "current_phases": current, "outputs": outputs}
     except StateError as exc:
         failure = str(exc)
     if failure:

@@ -107,7 +107,7 @@ def host(tmp_path: Path) -> Host:
 def test_record_then_check_unchanged_is_converged_and_secret_free(host):
     first = host.record_ok()
     assert first["changed"] is True
-    assert first["recorded"] == {"globs": 2, "files": 2, "trees": 1, "tree_files": 2, "units": 0}
+    assert first["recorded"] == {"globs": 2, "files": 2, "trees": 1, "tree_files": 2, "units": 0, "phases": 0}
     result = host.run("check")
     assert result["converged"] is True, result
     assert result["reasons"] == []
@@ -170,6 +170,47 @@ def test_other_fingerprint_is_a_release_change(host):
     assert result["converged"] is False
     assert len(result["reasons"]) == 1
     assert result["reasons"][0].startswith("the desired release changed since the last whole run")
+
+
+PHASES = {"rocm": "rocm-digest-1", "venv": "venv-digest-1", "models": "models-digest-1"}
+OUTPUTS = {"venv": {"sglang_venv_target_path": "/opt/sglang/releases/abc"},
+           "models": {"models_main_path": "/srv/models/seed-27b/1a2b"}}
+
+
+def test_a_changed_release_keeps_the_phases_whose_digest_is_the_same(host):
+    host.record_ok(phases=PHASES, outputs=OUTPUTS)
+    record = json.loads(host.record.read_text())
+    assert sorted(record["phases"]) == ["models", "rocm", "venv"]
+    assert "rocm-digest-1" not in host.record.read_text()
+    result = host.run("check", fingerprint="another-release",
+                      phases={**PHASES, "models": "models-digest-2"})
+    assert result["converged"] is False
+    assert result["reasons"] == ["the desired release changed since the last whole run"]
+    assert result["current_phases"] == ["rocm", "venv"]
+    assert result["outputs"] == {"rocm": {}, "venv": OUTPUTS["venv"]}
+    same = host.run("check", phases=PHASES)
+    assert same["converged"] is True and same["current_phases"] == ["models", "rocm", "venv"]
+
+
+def test_drift_leaves_no_phase_current(host):
+    host.record_ok(phases=PHASES, outputs=OUTPUTS)
+    (host.model / "config.json").unlink()
+    result = host.run("check", fingerprint="another-release", phases=PHASES)
+    assert result["current_phases"] == [] and result["outputs"] == {}
+    assert result["reasons"] == ["the desired release changed since the last whole run",
+                                 f"{host.model}/config.json is missing"]
+
+
+def test_a_record_without_phases_has_none_current(host):
+    host.record_ok()
+    result = host.run("check", fingerprint="another-release", phases=PHASES)
+    assert result["current_phases"] == []
+    assert result["reasons"] == ["the desired release changed since the last whole run"]
+
+
+def test_outputs_of_a_phase_not_given_are_refused(host):
+    result = host.run("record", phases={"rocm": "d"}, outputs={"venv": {}})
+    assert result["failed"] and "outputs names phase 'venv'" in result["msg"]
 
 
 def test_no_record_is_not_converged(host):

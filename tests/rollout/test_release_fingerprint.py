@@ -98,3 +98,39 @@ def test_what_the_run_itself_sets_does_not_count(project):
     first = fingerprint(project, {**base, "rocm_release": {"packages": {"rocminfo": None}}})
     assert fingerprint(project, {**base, "rocm_release": {"packages": {"librocm-smi-dev": None}}}) == first
     assert fingerprint(project, {**base, "rocm_distro_packages": ["librocm-smi-dev"]}) != first
+
+
+def phases(project: Path, host_vars: dict) -> dict[str, str]:
+    module = load("roles/rollout/filter_plugins/rollout_converged.py")
+    toolkit = module.rollout_release_toolkit(str(project))
+    return module.rollout_phase_fingerprints(host_vars, host_vars, toolkit)
+
+
+def test_each_phase_changes_with_what_it_reads_and_the_phases_before_it(project):
+    base = {"sglang_service_hicache_args": {"--hicache-size": 2}, "rocm_version": "7.2.1",
+            "models_disk_margin_mb": 2048, "sglang_venv_package_set": "test-minimal"}
+    first = phases(project, base)
+    assert sorted(first) == ["models", "rocm", "venv"]
+    assert len(set(first.values())) == 3
+    # The service's config (the HiCache size) is no install phase's input: every phase stays.
+    assert phases(project, {**base, "sglang_service_hicache_args": {"--hicache-size": 8}}) == first
+    # A models option changes the models phase only; a venv option venv and models; ROCm all three.
+    models = phases(project, {**base, "models_disk_margin_mb": 4096})
+    assert (models["rocm"], models["venv"]) == (first["rocm"], first["venv"]) and models["models"] != first["models"]
+    venv = phases(project, {**base, "sglang_venv_package_set": "rocm-gfx1100"})
+    assert venv["rocm"] == first["rocm"] and venv["venv"] != first["venv"] and venv["models"] != first["models"]
+    rocm = phases(project, {**base, "rocm_version": "7.1.1"})
+    assert all(rocm[p] != first[p] for p in first)
+
+
+def test_a_phase_follows_its_own_roles_files_and_the_shared_toolkit(project):
+    base = {"rocm_version": "7.2.1"}
+    first = phases(project, base)
+    (project / "roles" / "sglang_service" / "tasks" / "main.yml").write_text("---\n[]\n")
+    assert phases(project, base) == first
+    with (project / "roles" / "models" / "defaults" / "main.yml").open("a") as handle:
+        handle.write("# a comment\n")
+    models = phases(project, base)
+    assert models["venv"] == first["venv"] and models["models"] != first["models"]
+    (project / "library" / "fleet_release_state.py").write_text("# another module\n")
+    assert all(v != models[k] for k, v in phases(project, base).items())

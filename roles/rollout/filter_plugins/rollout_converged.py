@@ -12,6 +12,15 @@ the release, read on the controller without touching the host:
   module_utils/ and callback_plugins/ but documentation (*.md) and byte code, so that a new
   version of a role walks every host through its phases once.
 It is never stored in plain: the module keeps an HMAC of it under a key that lives on the host.
+
+Beside it, one fingerprint per install phase (rollout_phase_fingerprints: rocm, venv, models, in
+site.yml's order), so that a run whose change is only in a later phase (the service's config, a
+model revision) leaves the earlier phases out on a host whose record still holds them. A phase's
+fingerprint covers, the same way: the value of every role option whose name the phase's roles or
+its playbook mention (its own role's options, and those of other roles it reads), the files such a
+value names, the files of its roles and every file of the toolkit outside roles/ (site.yml,
+ansible.cfg, playbooks/, library/, module_utils/, callback_plugins/), and the fingerprint of the
+phase before it: a change in ROCm runs the venv and models phases again too.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +43,16 @@ NOT_RELEASE = frozenset({
     "rollout_router_wait_s",
 })
 TREE = ("site.yml", "ansible.cfg", "playbooks", "roles", "library", "module_utils", "callback_plugins")
+# The install phases a run can leave out, in site.yml's order: the files whose content counts (its
+# roles, its playbook) and those whose option names count (models includes only preflight's disk
+# check, which reads no service option: the rest of preflight checks the service's config).
+PHASES = (
+    ("rocm", ("roles/rocm", "playbooks/rocm.yml"), ("roles/rocm", "playbooks/rocm.yml")),
+    ("venv", ("roles/sglang_venv", "playbooks/venv.yml"), ("roles/sglang_venv", "playbooks/venv.yml")),
+    ("models", ("roles/models", "roles/preflight", "playbooks/models.yml"),
+     ("roles/models", "roles/preflight/tasks/disk.yml", "playbooks/models.yml")),
+)
+SHARED_TREE = tuple(top for top in TREE if top != "roles")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 _tree_digests: dict[str, str] = {}
@@ -70,11 +90,11 @@ def _role_options(root: str) -> tuple[str, ...]:
     return _options[root]
 
 
-def _tree_digest(root: str) -> str:
-    """SHA-256 over the toolkit's files (path and content), in a stable order."""
-    if root not in _tree_digests:
+def _tree_digest(root: str, tops: tuple[str, ...] = TREE) -> str:
+    """SHA-256 over the toolkit's files under tops (path and content), in a stable order."""
+    if (root, tops) not in _tree_digests:
         digest = hashlib.sha256()
-        for top in TREE:
+        for top in tops:
             path = os.path.join(root, top)
             files = [path] if os.path.isfile(path) else []
             for folder, dirs, names in os.walk(path):
@@ -84,8 +104,32 @@ def _tree_digest(root: str) -> str:
                 digest.update(os.path.relpath(name, root).encode() + b"\0")
                 with open(name, "rb") as handle:
                     digest.update(hashlib.sha256(handle.read()).digest())
-        _tree_digests[root] = digest.hexdigest()
-    return _tree_digests[root]
+        _tree_digests[(root, tops)] = digest.hexdigest()
+    return _tree_digests[(root, tops)]
+
+
+def _mentioned(root: str, tops: tuple[str, ...], names: tuple[str, ...]) -> list[str]:
+    """The option names that occur as words in the files under tops (a phase's roles and playbook)."""
+    text = []
+    for top in tops:
+        path = os.path.join(root, top)
+        files = [path] if os.path.isfile(path) else []
+        for folder, dirs, found in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [os.path.join(folder, n) for n in sorted(found) if not n.endswith((".md", ".pyc"))]
+        for name in files:
+            with open(name, encoding="utf-8", errors="replace") as handle:
+                text.append(handle.read())
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", "\n".join(text)))
+    return sorted(name for name in names if name in words)
+
+
+def _phases(root: str, options: tuple[str, ...]) -> list[dict[str, Any]]:
+    phases = []
+    for name, files, scanned in PHASES:
+        phases.append({"name": name, "options": _mentioned(root, scanned, options),
+                       "digest": _tree_digest(root, SHARED_TREE + files)})
+    return phases
 
 
 def _named_files(value: Any, found: dict[str, str]) -> None:
@@ -108,7 +152,8 @@ def _named_files(value: Any, found: dict[str, str]) -> None:
 def rollout_release_toolkit(root: str) -> dict[str, Any]:
     """What every host's fingerprint shares, computed once per run (run_once in tasks/converged.yml):
     the roles' option names and the digest of the toolkit's files under root."""
-    return {"options": list(_role_options(root)), "digest": _tree_digest(root)}
+    options = _role_options(root)
+    return {"options": list(options), "digest": _tree_digest(root), "phases": _phases(root, options)}
 
 
 def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any],
@@ -117,8 +162,26 @@ def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[
 
     host_vars: hostvars[inventory_hostname] (templated on access); raw_vars: hostvars.raw_get(...)
     for the values that cannot be templated yet; toolkit: rollout_release_toolkit(project root)."""
+    return _digest(_inputs(host_vars, raw_vars, toolkit["options"]), toolkit["digest"])
+
+
+def rollout_phase_fingerprints(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any],
+                               toolkit: Mapping[str, Any]) -> dict[str, str]:
+    """{phase: fingerprint} for the install phases (see the module docstring), each chained to the one
+    before it. Arguments as for rollout_release_fingerprint."""
+    values = _inputs(host_vars, raw_vars, toolkit["options"])
+    result: dict[str, str] = {}
+    before = ""
+    for phase in toolkit["phases"]:
+        mine = {name: values[name] for name in phase["options"] if name in values}
+        before = _digest(mine, phase["digest"], before)
+        result[phase["name"]] = before
+    return result
+
+
+def _inputs(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any], names: Any) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
-    for name in toolkit["options"]:
+    for name in names:
         if name not in raw_vars:
             continue
         try:
@@ -127,9 +190,15 @@ def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[
         except Exception:  # whatever templating raises, the raw text still decides
             value = {"raw": str(raw_vars[name])}
         inputs[name] = value
+    return inputs
+
+
+def _digest(inputs: dict[str, Any], toolkit_digest: str, before: str | None = None) -> str:
     files: dict[str, str] = {}
     _named_files(inputs, files)
-    material = {"options": inputs, "files": files, "toolkit": toolkit["digest"]}
+    material: dict[str, Any] = {"options": inputs, "files": files, "toolkit": toolkit_digest}
+    if before is not None:
+        material["before"] = before
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -138,4 +207,5 @@ class FilterModule:
         return {
             "rollout_release_toolkit": rollout_release_toolkit,
             "rollout_release_fingerprint": rollout_release_fingerprint,
+            "rollout_phase_fingerprints": rollout_phase_fingerprints,
         }
