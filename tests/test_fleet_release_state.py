@@ -189,14 +189,16 @@ def test_a_changed_release_keeps_the_phases_whose_digest_is_the_same(host):
     assert result["current_phases"] == ["rocm", "venv"]
     assert result["outputs"] == {"rocm": {}, "venv": OUTPUTS["venv"]}
     same = host.run("check", phases=PHASES)
-    assert same["converged"] is True and same["current_phases"] == ["models", "rocm", "venv"]
+    assert same["converged"] is True
+    assert same["current_phases"] == ["models", "rocm", "venv"]
 
 
 def test_drift_leaves_no_phase_current(host):
     host.record_ok(phases=PHASES, outputs=OUTPUTS)
     (host.model / "config.json").unlink()
     result = host.run("check", fingerprint="another-release", phases=PHASES)
-    assert result["current_phases"] == [] and result["outputs"] == {}
+    assert result["current_phases"] == []
+    assert result["outputs"] == {}
     assert result["reasons"] == ["the desired release changed since the last whole run",
                                  f"{host.model}/config.json is missing"]
 
@@ -210,7 +212,8 @@ def test_a_record_without_phases_has_none_current(host):
 
 def test_outputs_of_a_phase_not_given_are_refused(host):
     result = host.run("record", phases={"rocm": "d"}, outputs={"venv": {}})
-    assert result["failed"] and "outputs names phase 'venv'" in result["msg"]
+    assert result["failed"]
+    assert "outputs names phase 'venv'" in result["msg"]
 
 
 def test_no_record_is_not_converged(host):

@@ -116,9 +116,12 @@ def test_each_phase_changes_with_what_it_reads_and_the_phases_before_it(project)
     assert phases(project, {**base, "sglang_service_hicache_args": {"--hicache-size": 8}}) == first
     # A models option changes the models phase only; a venv option venv and models; ROCm all three.
     models = phases(project, {**base, "models_disk_margin_mb": 4096})
-    assert (models["rocm"], models["venv"]) == (first["rocm"], first["venv"]) and models["models"] != first["models"]
+    assert (models["rocm"], models["venv"]) == (first["rocm"], first["venv"])
+    assert models["models"] != first["models"]
     venv = phases(project, {**base, "sglang_venv_package_set": "rocm-gfx1100"})
-    assert venv["rocm"] == first["rocm"] and venv["venv"] != first["venv"] and venv["models"] != first["models"]
+    assert venv["rocm"] == first["rocm"]
+    assert venv["venv"] != first["venv"]
+    assert venv["models"] != first["models"]
     rocm = phases(project, {**base, "rocm_version": "7.1.1"})
     assert all(rocm[p] != first[p] for p in first)
 
@@ -131,6 +134,7 @@ def test_a_phase_follows_its_own_roles_files_and_the_shared_toolkit(project):
     with (project / "roles" / "models" / "defaults" / "main.yml").open("a") as handle:
         handle.write("# a comment\n")
     models = phases(project, base)
-    assert models["venv"] == first["venv"] and models["models"] != first["models"]
+    assert models["venv"] == first["venv"]
+    assert models["models"] != first["models"]
     (project / "library" / "fleet_release_state.py").write_text("# another module\n")
     assert all(v != models[k] for k, v in phases(project, base).items())

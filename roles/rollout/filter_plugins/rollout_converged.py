@@ -202,10 +202,25 @@ def _digest(inputs: dict[str, Any], toolkit_digest: str, before: str | None = No
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def rollout_phase_outputs(host_vars: Mapping[str, Any], outputs: Mapping[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """{phase: {fact: value}} for each phase of outputs ({phase: [fact names]}) whose facts host_vars
+    all hold now; a phase missing one is left out (the next run then runs it)."""
+    found: dict[str, dict[str, Any]] = {}
+    for phase, names in outputs.items():
+        try:
+            facts = json.loads(json.dumps({name: host_vars[name] for name in names}, default=str))
+        except Exception:  # undefined or not templatable (whatever templating raises): the phase runs next time
+            facts = None
+        if facts is not None:
+            found[phase] = facts
+    return found
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "rollout_release_toolkit": rollout_release_toolkit,
             "rollout_release_fingerprint": rollout_release_fingerprint,
             "rollout_phase_fingerprints": rollout_phase_fingerprints,
+            "rollout_phase_outputs": rollout_phase_outputs,
         }
