@@ -138,3 +138,14 @@ def test_a_phase_follows_its_own_roles_files_and_the_shared_toolkit(project):
     assert models["models"] != first["models"]
     (project / "library" / "fleet_release_state.py").write_text("# another module\n")
     assert all(v != models[k] for k, v in phases(project, base).items())
+
+
+def test_phase_outputs_are_recorded_only_for_phases_whose_facts_are_all_known():
+    module = load("roles/rollout/filter_plugins/rollout_converged.py")
+    wanted = {"rocm": ["rocm_release_id"], "venv": ["sglang_venv_target_path", "sglang_venv_target_release"]}
+    facts = Templating({"rocm_release_id": "distro-1a2b", "sglang_venv_target_path": "/opt/sglang/releases/x"},
+                       failing=set())
+    # The venv phase lacks one of its facts: it is not recorded, so the next run runs it.
+    assert module.rollout_phase_outputs(facts, wanted) == {"rocm": {"rocm_release_id": "distro-1a2b"}}
+    failing = Templating({"rocm_release_id": "x"}, failing={"rocm_release_id"})
+    assert module.rollout_phase_outputs(failing, wanted) == {}
