@@ -60,8 +60,8 @@ demo-down: ## stop the demo fleet's test hosts and remove their copies
 lock: setup ## lock files of the sglang_venv package sets (uv; roles/sglang_venv/files/locks/)
 	$(BIN)/python scripts/lock_package_sets.py lock
 
-bench: setup ## benchmarks that print figures (not tests)
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+bench: setup ## benchmarks that print figures (not tests) and record them in docs/benchmarks.md
+	@for b in $(filter-out benchmarks/record.py,$(wildcard benchmarks/*.py)); do echo "== $$b"; $(BIN)/python $$b --record; done
 
 clean: ## remove test hosts' copies, host images and caches (keeps .venv)
 	./molecule/resources/hosts.sh destroy-all || true
