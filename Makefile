@@ -36,7 +36,7 @@ syntax: setup ## ansible-playbook --syntax-check on every playbook
 pytest: setup ## the pytest suite (unit and integration tests)
 	$(BIN)/pytest
 
-molecule: setup ## every molecule scenario on real systemd test hosts (MOLECULE_LANES=2 lanes, longest first)
+molecule: setup ## every molecule scenario on real systemd test hosts (MOLECULE_LANES=3 lanes, longest first)
 	./scripts/molecule-lanes.sh $(SCENARIOS)
 
 test: setup ## everything CI runs (each stage timed)
