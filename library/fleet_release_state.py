@@ -99,8 +99,8 @@ options:
       - >-
         With O(state=record): the facts each phase published in the recorded run, by phase name (a
         mapping of fact names to values; only phases also in O(phases)). Stored in plain in the record
-        (mode C(0600)): no secrets. O(state=check) returns those of the current phases (RV(outputs)),
-        for the run to publish in place of the phases it leaves out.
+        (mode C(0600); the option itself is never logged). O(state=check) returns those of the current
+        phases (RV(outputs)), for the run to publish in place of the phases it leaves out.
     type: dict
     default: {}
   units:
@@ -650,7 +650,8 @@ def main():
             "trees": {"type": "list", "elements": "path", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
             "phases": {"type": "dict", "default": {}, "no_log": True},
-            "outputs": {"type": "dict", "default": {}},
+            # A ROCm release may name a mirror with credentials in its URL: never shown in a log.
+            "outputs": {"type": "dict", "default": {}, "no_log": True},
         },
         supports_check_mode=True,
     )

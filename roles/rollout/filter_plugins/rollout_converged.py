@@ -90,37 +90,38 @@ def _role_options(root: str) -> tuple[str, ...]:
     return _options[root]
 
 
+def _toolkit_files(root: str, tops: tuple[str, ...]) -> list[str]:
+    """The toolkit's files under tops (files or folders below root), documentation and byte code
+    left out, in a stable order."""
+    files: list[str] = []
+    for top in tops:
+        path = os.path.join(root, top)
+        if os.path.isfile(path):
+            files.append(path)
+        for folder, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [os.path.join(folder, n) for n in sorted(names) if not n.endswith((".md", ".pyc"))]
+    return files
+
+
 def _tree_digest(root: str, tops: tuple[str, ...] = TREE) -> str:
     """SHA-256 over the toolkit's files under tops (path and content), in a stable order."""
     if (root, tops) not in _tree_digests:
         digest = hashlib.sha256()
-        for top in tops:
-            path = os.path.join(root, top)
-            files = [path] if os.path.isfile(path) else []
-            for folder, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-                files += [os.path.join(folder, n) for n in sorted(names) if not n.endswith((".md", ".pyc"))]
-            for name in files:
-                digest.update(os.path.relpath(name, root).encode() + b"\0")
-                with open(name, "rb") as handle:
-                    digest.update(hashlib.sha256(handle.read()).digest())
+        for name in _toolkit_files(root, tops):
+            digest.update(os.path.relpath(name, root).encode() + b"\0")
+            with open(name, "rb") as handle:
+                digest.update(hashlib.sha256(handle.read()).digest())
         _tree_digests[(root, tops)] = digest.hexdigest()
     return _tree_digests[(root, tops)]
 
 
 def _mentioned(root: str, tops: tuple[str, ...], names: tuple[str, ...]) -> list[str]:
     """The option names that occur as words in the files under tops (a phase's roles and playbook)."""
-    text = []
-    for top in tops:
-        path = os.path.join(root, top)
-        files = [path] if os.path.isfile(path) else []
-        for folder, dirs, found in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            files += [os.path.join(folder, n) for n in sorted(found) if not n.endswith((".md", ".pyc"))]
-        for name in files:
-            with open(name, encoding="utf-8", errors="replace") as handle:
-                text.append(handle.read())
-    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", "\n".join(text)))
+    words: set[str] = set()
+    for name in _toolkit_files(root, tops):
+        with open(name, encoding="utf-8", errors="replace") as handle:
+            words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", handle.read()))
     return sorted(name for name in names if name in words)
 
 
