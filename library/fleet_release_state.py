@@ -99,7 +99,7 @@ options:
       - >-
         With O(state=record): the facts each phase published in the recorded run, by phase name (a
         mapping of fact names to values; only phases also in O(phases)). Stored in plain in the record
-        (mode C(0600); the option itself is never logged). O(state=check) returns those of the current
+        (mode C(0600)): paths and release ids, no keys. O(state=check) returns those of the current
         phases (RV(outputs)), for the run to publish in place of the phases it leaves out.
     type: dict
     default: {}
@@ -650,8 +650,7 @@ def main():
             "trees": {"type": "list", "elements": "path", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
             "phases": {"type": "dict", "default": {}, "no_log": True},
-            # A ROCm release may name a mirror with credentials in its URL: never shown in a log.
-            "outputs": {"type": "dict", "default": {}, "no_log": True},
+            "outputs": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
