@@ -51,11 +51,15 @@ test: setup ## everything CI runs (each stage timed)
 	  s=$$(date +%s); $(MAKE) --no-print-directory molecule || exit 1; echo "make test: molecule took $$(( $$(date +%s) - s )) s"
 	@echo "make test: all checks passed"
 
-demo: setup ## boot the demo fleet and roll hicache-fleet out on it
-	./scripts/demo.sh
+# The demo fleet's size: demo-1..N on 127.0.30.1-N (1 to 40; beyond the inventory's three, from the
+# host image sglang-venv). scripts/demo.sh checks it before anything boots.
+DEMO_HOSTS ?= 3
 
-demo-down: ## stop the demo fleet's test hosts and remove their copies
-	for i in 1 2 3; do ./molecule/resources/hosts.sh down demo-$$i; done
+demo: setup ## boot the demo fleet (DEMO_HOSTS=N hosts, default 3) and roll hicache-fleet out on it
+	DEMO_HOSTS='$(DEMO_HOSTS)' ./scripts/demo.sh
+
+demo-down: ## stop every demo host (demo-1..40) and remove their copies
+	./scripts/demo.sh --down
 
 lock: setup ## lock files of the sglang_venv package sets (uv; roles/sglang_venv/files/locks/)
 	$(BIN)/python scripts/lock_package_sets.py lock
