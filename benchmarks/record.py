@@ -9,6 +9,8 @@ after, and its core count. Only that block changes:
     <!-- END recorded: NAME -->
 
 Used by each benchmark's `if __name__ == "__main__":` line: sys.exit(record.run(main, "NAME")).
+A benchmark that cannot measure here (the fleet it needs is not up) raises Skipped("why"): the run
+prints why and exits 0, and its block is left as it was (`make bench` goes on with the next one).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from pathlib import Path
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 FLAG = "--record"
+
+
+class Skipped(Exception):
+    """Raised by a benchmark's main() that cannot measure here: exit 0, nothing recorded."""
 
 
 def block(name: str, output: str, when: str, load_before: tuple, load_after: tuple, cores: int | None) -> str:
@@ -65,12 +71,20 @@ def run(main: Callable[[], int | None], name: str, doc: Path = DOC, argv: list[s
     """Run a benchmark's main(); with --record in argv (default sys.argv), record what it printed."""
     args = sys.argv[1:] if argv is None else argv
     if FLAG not in args:
-        return main() or 0
+        try:
+            return main() or 0
+        except Skipped as why:
+            print(f"{name}: skipped: {why}")
+            return 0
     before = os.getloadavg()
     tee = _Tee(sys.stdout)
     sys.stdout = tee
     try:
         code = main() or 0
+    except Skipped as why:
+        print(f"{name}: skipped: {why}")
+        print(f"record: {name} measured nothing; {doc} left as it was", file=sys.stderr)
+        return 0
     finally:
         sys.stdout = tee.stream
     if code != 0:
