@@ -10,9 +10,22 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``sglang_service_systemd_quote(word)``: one word in systemd's ExecStart syntax, so it reaches the
   process unchanged (spaces, quotes, backslashes, ``%`` specifiers, ``$`` expansion).
 - ``sglang_service_env_quote(value)``: one value in EnvironmentFile syntax.
-- ``sglang_service_host_pool_gb(mapping)``: GB of pinned host RAM the HiCache pools take.
-- ``sglang_service_ip_allow(bind, router_url, extra, prefix)``: the unit's IPAddressAllow entries
-  (empty: no IP firewall, for a wildcard bind).
+- ``sglang_service_launch_args(profile, hicache_args, hicache_on, overrides, bind, port)``: an
+  instance's launch arguments: its profile, the HiCache args when HiCache is on, its own args, then
+  ``--host``/``--port``.
+- ``sglang_service_host_pool_gb(mapping, hicache=true)``: GB of pinned host RAM the HiCache pools take
+  (0 with HiCache off).
+- ``sglang_service_ip_allow(bind, router_url, extra, prefix, deny=true)``: the unit's IPAddressAllow
+  entries (empty: no IP firewall, for a wildcard bind or with ``deny`` off).
+- ``sglang_service_config_args(secrets_set, path)``: ``['--config', path]`` for an instance with a
+  secrets file, ``[]`` without.
+- ``sglang_service_protect_home(setting, home_paths)``: the unit's ProtectHome= (``auto`` resolved).
+- ``sglang_service_secrets_digest(content, salt, secrets_set)``: the salted digest of a secrets file
+  that goes into the config hash (``""`` without one).
+- ``sglang_service_parse_refusal(result, python)``: the failure message of a check_args.py run.
+- ``sglang_service_analyze_complaint(result, mine)``: the failure message of systemd-analyze verify.
+- ``sglang_service_url_host(bind)``: a bind address as a URL's host (IPv6 in brackets).
+- ``sglang_service_journal(result)``: a journalctl run's output, or why it failed.
 - ``sglang_service_rank_interface_env(args, bind, interface)``: NCCL_SOCKET_IFNAME and
   GLOO_SOCKET_IFNAME for an instance with more than one rank bound to a loopback address.
 - ``sglang_service_redact(text, secrets)``: text (or lines) with every secret replaced by
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -85,11 +99,35 @@ def _whole(value: Any) -> int | None:
     return None
 
 
-def host_pool_gb(args: Mapping[str, Any]) -> int:
+def launch_args(
+    profile: Mapping[str, Any],
+    hicache_args: Mapping[str, Any],
+    hicache_on: bool,
+    overrides: Mapping[str, Any],
+    bind: Any,
+    port: Any,
+) -> dict[str, Any]:
+    """The profile's flags, updated by the HiCache args (when on), the instance's args, then --host/--port.
+
+    A flag keeps the place where it first appears (as ``combine`` does); a later mapping only
+    changes its value.
+    """
+    args = dict(profile)
+    if hicache_on:
+        args.update(hicache_args)
+    args.update(overrides)
+    args.update({"--host": bind, "--port": port})
+    return args
+
+
+def host_pool_gb(args: Mapping[str, Any], hicache: Any = True) -> int:
     """GB (1e9 bytes) of host RAM the HiCache pools of all TP ranks pin: tp-size × --hicache-size.
 
-    0 when --hicache-size is absent, 0 (ratio sizing) or not a whole number (rejected elsewhere).
+    0 when HiCache is off (`hicache` false), --hicache-size is absent, 0 (ratio sizing) or not a
+    whole number (rejected elsewhere).
     """
+    if not hicache:
+        return 0
     size = _whole(args.get("--hicache-size", 0))
     tp = _whole(args.get("--tp-size", args.get("--tensor-parallel-size", 1)))
     if not size or not tp:
@@ -193,14 +231,18 @@ def env_quote(value: Any) -> str:
 _WILDCARDS = ("", "0.0.0.0", "::", "*")  # noqa: S104 (recognized, not bound)
 
 
-def ip_allow(bind: Any, router_url: Any = "", extra: Any = (), prefix: Any = 24) -> list[str]:
+def ip_allow(bind: Any, router_url: Any = "", extra: Any = (), prefix: Any = 24, deny: Any = True) -> list[str]:
     """IPAddressAllow= entries for an instance (with IPAddressDeny=any), in a stable order.
+
+    None (and nothing checked) when `deny` is false: the unit has no IP firewall.
 
     Always `localhost`; a non-loopback bind address adds its network (`prefix` bits for IPv4, 64 for
     IPv6): the clients of a server bound to one interface are on that network. The router's address
     (an IP literal in `router_url`) and every entry of `extra` are added. A wildcard bind (0.0.0.0,
     ::) serves every network: no firewall (empty list) unless `extra` names the networks.
     """
+    if not deny:
+        return []
     entries: list[str] = ["localhost"]
     bind_text = str(bind or "").strip("[]")
     wildcard = bind_text in _WILDCARDS
@@ -287,6 +329,77 @@ def redact(text: Any, secrets: Any) -> Any:
     return _KEY_IN_LOG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", result)
 
 
+def config_args(secrets_set: Any, path: Any) -> list[Any]:
+    """``['--config', path]`` when the instance has a secrets file (its api keys), else ``[]``."""
+    return ["--config", path] if secrets_set else []
+
+
+def protect_home(setting: Any, home_paths: Sequence[Any]) -> Any:
+    """ProtectHome=: the setting, or for ``auto`` read-only when a path the unit runs is under /home, else yes."""
+    if setting != "auto":
+        return setting
+    return "read-only" if len(home_paths) > 0 else "yes"
+
+
+def secrets_digest(content: Any, salt: Any, secrets_set: Any) -> str:
+    """sha256 of salt + secrets file content for an instance with a secrets file, else ``""``."""
+    if not secrets_set:
+        return ""
+    return hashlib.sha256(f"{salt}{content}".encode()).hexdigest()
+
+
+def _parsed(result: Mapping[str, Any]) -> Any:
+    stdout = result.get("stdout", "")
+    if not str(stdout).strip().startswith("{"):
+        return {}
+    try:
+        return json.loads(str(stdout or "{}"))
+    except ValueError as err:
+        raise AnsibleFilterError(f"check_args.py printed no JSON: {err}") from None
+
+
+def parse_refusal(result: Mapping[str, Any], python: Any) -> str:
+    """Why SGLang refused a plan entry's arguments (check_args.py's result), as the task says it.
+
+    SGLang not importable (the report's import_error) names the interpreter and the venv; a
+    rejected flag names the profile, whether HiCache is on, and where to fix the flag. The detail is
+    the report's message, else the run's stderr, else its msg (``no output`` without any).
+    """
+    entry = result["item"]
+    report = _parsed(result)
+    import_error = report.get("import_error", False)
+    if import_error:
+        what = f"SGLang is not importable with {python}"
+        fix = "Install the venv (roles/sglang_venv) or set sglang_service_python."
+    else:
+        what = (f"SGLang rejects the launch arguments of profile {entry['profile']}"
+                f" (HiCache {'on' if entry['hicache'] else 'off'})")
+        fix = (f"Fix the flag in sglang_service_profiles[{entry['profile']}], sglang_service_hicache_args"
+               " or the instance args.")
+    detail = report.get("message") or (str(result.get("stderr", "")).strip() or result.get("msg", "no output"))
+    return f"{entry['unit']}: {what}: {detail}. {fix} Nothing was installed; the running service was left alone."
+
+
+def analyze_complaint(result: Mapping[str, Any], mine: Sequence[Any]) -> str:
+    """What systemd-analyze verify said about the candidate unit: the lines naming it, else its stderr."""
+    verdict = "failed" if result["rc"] != 0 else "warns"
+    said = " | ".join(str(line) for line in mine) if len(mine) > 0 else str(result["stderr"]).strip()
+    return (f"{result['item']['unit']}: systemd-analyze verify {verdict}: {said}. Fix the template input"
+            " (sglang_service_unit_extra, sglang_service_device_allow, paths). Nothing was installed.")
+
+
+def url_host(bind: Any) -> Any:
+    """A bind address as the host part of a URL: an IPv6 address (it has a ':') in brackets."""
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def journal(result: Mapping[str, Any]) -> Any:
+    """A journalctl run's stdout when it ran (rc 0), else ``journalctl failed: <stderr>``."""
+    if result.get("rc", 1) == 0:
+        return result.get("stdout", "")
+    return f"journalctl failed: {result.get('stderr', '')}"
+
+
 class FilterModule:
     """Jinja filters of the sglang_service role."""
 
@@ -303,4 +416,12 @@ class FilterModule:
             "sglang_service_redact": redact,
             "sglang_service_ip_allow": ip_allow,
             "sglang_service_rank_interface_env": rank_interface_env,
+            "sglang_service_launch_args": launch_args,
+            "sglang_service_config_args": config_args,
+            "sglang_service_protect_home": protect_home,
+            "sglang_service_secrets_digest": secrets_digest,
+            "sglang_service_parse_refusal": parse_refusal,
+            "sglang_service_analyze_complaint": analyze_complaint,
+            "sglang_service_url_host": url_host,
+            "sglang_service_journal": journal,
         }
