@@ -9,6 +9,7 @@ from pathlib import Path
 import jinja2
 import pytest
 import yaml
+from jinja_old import expr
 from plugins import load
 
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "rocm"
@@ -400,3 +401,43 @@ def test_staged_files_go_only_after_their_release_is_active(f):
     # Another release was activated (a rollback to the previous one): they stay for the staged one.
     assert f.rocm_staged_to_remove(record, "cccccccccccc", True) == []
     assert f.rocm_staged_to_remove({}, "aaaaaaaaaaaa", True) == []
+
+
+# --- the filters that replaced inline ternaries (gpu_check.yml, install.yml, main.yml) -------------
+
+OLD_SAID = (
+    "(r is skipped) | ternary('is not installed (' ~ cmd ~ ' is neither on PATH nor in /opt/rocm/bin)',"
+    " (r.rc | default(1) == 0) | ternary('rc=0',"
+    " 'failed (rc=' ~ (r.rc | default('n/a')) ~ '): \"' ~ last ~ '\"'))"
+)
+OLD_HINT = ("(r.rc | default(0) == 0) | ternary('',"
+            " 'That is the error rocminfo itself prints when no GPU (or no amdgpu kernel driver) is present.')")
+RESULTS = [
+    {"skipped": True, "skip_reason": "Conditional result was False"},
+    {"rc": 0, "stdout": "Agent 1", "stderr": ""},
+    {"rc": 1, "stdout": "", "stderr": "hsa api call failure at: ...\nCall returned HSA_STATUS_ERROR_OUT_OF_RESOURCES"},
+    {"failed": True, "msg": "[Errno 2] No such file or directory"},
+]
+
+
+@pytest.mark.parametrize("result", RESULTS)
+def test_rocminfo_said_and_hint(f, result):
+    last = "Call returned HSA_STATUS_ERROR_OUT_OF_RESOURCES"
+    assert f.rocm_rocminfo_said(result, "rocminfo", last) == expr(OLD_SAID, r=result, cmd="rocminfo", last=last)
+    assert f.rocm_rocminfo_hint(result) == expr(OLD_HINT, r=result)
+
+
+@pytest.mark.parametrize("slurped", [
+    {"content": "eyJpZCI6ICJhYmMiLCAicmVsZWFzZSI6IHsicGFja2FnZXMiOiB7InJvY20iOiBudWxsfX19", "encoding": "base64"},
+    {"failed": True, "msg": "file not found: /var/lib/hicache-fleet/rocm-release.json"},
+])
+def test_recorded(f, slurped):
+    old = expr("(r.content | b64decode | from_json) if r.content is defined else {}", r=slurped)
+    assert f.rocm_recorded(slurped) == old
+
+
+@pytest.mark.parametrize(("pending", "plan"), [(True, ["install rocm 7.1.1", "reboot"]), (True, []), (False, ["x"])])
+def test_stage_note(f, pending, plan):
+    old = expr("pending | ternary('and its activation is pending (' ~ (plan | join('; ')) ~ ')',"
+               " 'and nothing is pending')", pending=pending, plan=plan)
+    assert f.rocm_stage_note(pending, plan) == old

@@ -14,6 +14,7 @@ counts CPUs too and is never a device index).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -482,6 +483,37 @@ def rocm_staged_to_remove(record: dict[str, Any] | None, active_release_id: str,
         return []
     return [str(f) for f in record.get("files") or [] if _DEB_FILE.match(str(f))]
 
+def rocm_rocminfo_said(result: dict[str, Any], command: str, last_line: str) -> str:
+    """What the rocminfo run said, after "rocminfo ": not installed (the task was skipped), rc=0, or
+    its failure with rc and `last_line` (the last line it printed)."""
+    if result.get("skipped", False):
+        return f"is not installed ({command} is neither on PATH nor in /opt/rocm/bin)"
+    if result.get("rc", 1) == 0:
+        return "rc=0"
+    return f'failed (rc={result.get("rc", "n/a")}): "{last_line}"'
+
+
+def rocm_rocminfo_hint(result: dict[str, Any]) -> str:
+    """The hint after a failed rocminfo (rc not 0): it prints that error without a GPU; ``""`` otherwise."""
+    if result.get("rc", 0) == 0:
+        return ""
+    return "That is the error rocminfo itself prints when no GPU (or no amdgpu kernel driver) is present."
+
+
+def rocm_recorded(slurped: dict[str, Any]) -> Any:
+    """The JSON record a slurp read (base64 content), ``{}`` when it read none (no such file)."""
+    if "content" not in slurped:
+        return {}
+    return json.loads(base64.b64decode(str(slurped["content"]).encode()).decode("utf-8"))
+
+
+def rocm_stage_note(pending: Any, plan: list[str]) -> str:
+    """How a staged release waits: with its pending activation plan, or with nothing pending."""
+    if pending:
+        return f"and its activation is pending ({'; '.join(str(step) for step in plan)})"
+    return "and nothing is pending"
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -504,4 +536,8 @@ class FilterModule:
             "rocm_staged_files": rocm_staged_files,
             "rocm_staged_record": rocm_staged_record,
             "rocm_staged_to_remove": rocm_staged_to_remove,
+            "rocm_rocminfo_said": rocm_rocminfo_said,
+            "rocm_rocminfo_hint": rocm_rocminfo_hint,
+            "rocm_recorded": rocm_recorded,
+            "rocm_stage_note": rocm_stage_note,
         }
