@@ -27,9 +27,13 @@ _ENV.tests.update(_CoreTests().tests())
 _ENV.tests.update(_FileTests().tests())
 
 
-def expr(text: str, **names: Any) -> Any:
-    """The value of one Jinja expression (native, not rendered to text)."""
-    return _ENV.compile_expression(text, undefined_to_none=False)(**names)
+def expr(text: str, filters: dict[str, Any] | None = None, **names: Any) -> Any:
+    """The value of one Jinja expression (native, not rendered to text); `filters` adds the project's."""
+    env = _ENV
+    if filters:
+        env = _ENV.overlay()
+        env.filters.update(filters)
+    return env.compile_expression(text, undefined_to_none=False)(**names)
 
 
 def render(template: str, **names: Any) -> str:

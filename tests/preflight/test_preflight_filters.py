@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from jinja_old import expr, render
 from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +192,53 @@ def test_ports_and_argument_specs_and_summary():
                      "inventory or -e."]
     assert pf.summary(["a", "b  c"], "h", "nothing changed") == (
         "preflight found 2 problem(s) on h; nothing changed:\n  1. a\n  2. b c")
+
+
+# --- the filters that replaced inline ternaries in tasks/main.yml and service.yml ------------------
+
+ROCMINFO_RUNS = [
+    {"skipped": True, "skip_reason": "Conditional result was False"},
+    {"rc": 0, "stdout": "Agent 2\n  Name: gfx1100\n", "stderr": ""},
+    {"rc": 1, "stdout": "", "stderr": "HSA_STATUS_ERROR_OUT_OF_RESOURCES"},
+    {"rc": 0},
+]
+
+
+@pytest.mark.parametrize("result", ROCMINFO_RUNS)
+@pytest.mark.parametrize("expected", [0, 2])
+def test_rocminfo_and_gpus_counted(result, expected):
+    old_short = expr("none if r is skipped else (r.stdout | default(''))", r=result)
+    old_long = expr("none if r is skipped else (r.stdout | default('')) ~ ' ' ~ (r.stderr | default(''))", r=result)
+    assert pf.rocminfo(result) == old_short
+    assert pf.rocminfo(result, stderr=True) == old_long
+    old = expr("(i | preflight_gpus_found(arch)) if (i is not none and n | int > 0) else none",
+               filters={"preflight_gpus_found": pf.gpus_found}, i=old_long, arch="gfx1100", n=expected)
+    assert pf.gpus_counted(pf.rocminfo(result, stderr=True), "gfx1100", expected) == old
+
+
+@pytest.mark.parametrize("needed", [True, False])
+def test_bytes_needed(needed):
+    old = expr("((gb | int) * 1000000000) if needed | bool else 0", gb=30, needed=needed)
+    assert pf.bytes_needed(30, needed) == old
+
+
+@pytest.mark.parametrize("size", ["0", "", "48", "12\n", "1.5", "-3", "ratio"])
+def test_pool_gb_and_ram_pools(size):
+    old_gb = expr("(s | int) * (tp | int) if s is match('^[0-9]+$') else 0", s=size, tp=2)
+    assert pf.pool_gb(size, 2) == old_gb
+    legacy, plan = [{"label": "legacy"}], [{"label": "main: 2 x 48 GB"}]
+    old = expr("legacy if s not in ['0', ''] else plan", legacy=legacy, plan=plan, s=size)
+    assert pf.ram_pools(plan, legacy, size) == old
+
+
+@pytest.mark.parametrize("ranges", [{}, {"--mem-fraction-static": {"min": 0.1}}])
+def test_ranges_or_none(ranges):
+    assert expr("r or none", r=ranges) == expr("r if r | length > 0 else none", r=ranges)
+
+
+@pytest.mark.parametrize("check_service", [True, False])
+def test_verdict_message_reads_as_before(check_service):
+    names = {"check": check_service, "plan": [{}, {}]}
+    old = render("RAM{{ (', ' ~ plan | length ~ ' SGLang instance(s) checked') if check | bool else '' }}.", **names)
+    new = render("RAM{% if check | bool %}, {{ plan | length }} SGLang instance(s) checked{% endif %}.", **names)
+    assert new == old

@@ -23,6 +23,13 @@ the only implementation of its check: the sglang_service role reuses them throug
 - ``preflight_mem_available_findings(pools, probe, reserve_gib, host)``: the pinned pools against
   MemAvailable with SGLang 0.5.23's own rule.
 - ``preflight_summary(findings, host)``: the one message per host.
+- ``preflight_rocminfo(result, stderr=false)``: what the rocminfo run printed, none when it did not run.
+- ``preflight_gpus_counted(rocminfo, arch, expected)``: the GPU agents found, none when rocminfo did
+  not run or no GPU is expected.
+- ``preflight_bytes_needed(gb, needed)``: GB as bytes (1e9) when the stage is needed, else 0.
+- ``preflight_pool_gb(size, tp_size)`` / ``preflight_ram_pools(plan_pools, legacy, size)``: the host
+  pools the RAM check counts: preflight_hicache_size_gb × preflight_tp_size when that is set, else the
+  plan's pools.
 """
 
 from __future__ import annotations
@@ -730,6 +737,36 @@ def summary(findings: Sequence[Any], host: str, note: str = "") -> str:
     return "\n".join(lines)
 
 
+def rocminfo(result: Mapping[str, Any], stderr: bool = False) -> str | None:
+    """The rocminfo run's stdout (and, with `stderr`, a space and its stderr); None when it was skipped."""
+    if result.get("skipped"):
+        return None
+    out = str(result.get("stdout", ""))
+    return f"{out} {result.get('stderr', '')}" if stderr else out
+
+
+def gpus_counted(rocminfo_output: Any, arch: str, expected: int) -> int | None:
+    """preflight_gpus_found of the output, or None when rocminfo did not run or no GPU is expected (0)."""
+    if rocminfo_output is None or not expected > 0:
+        return None
+    return gpus_found(rocminfo_output, arch)
+
+
+def bytes_needed(gb: int, needed: bool) -> int:
+    """`gb` × 1e9 when the stage is needed, else 0."""
+    return gb * 1000000000 if needed else 0
+
+
+def pool_gb(size: str, tp_size: int) -> int:
+    """size × tp_size for a whole number of GB (size as text), else 0 (refused by its own check)."""
+    return int(size) * tp_size if re.match(r"^[0-9]+$", size) else 0
+
+
+def ram_pools(plan_pools: list[Any], legacy: list[Any], size: str) -> list[Any]:
+    """The legacy pool (preflight_hicache_size_gb) when that is set (not '0' or ''), else the plan's pools."""
+    return legacy if size not in ("0", "") else plan_pools
+
+
 class FilterModule:
     """Jinja filters of the preflight role."""
 
@@ -751,4 +788,9 @@ class FilterModule:
             "preflight_port_findings": port_findings,
             "preflight_argument_spec_findings": argument_spec_findings,
             "preflight_summary": summary,
+            "preflight_rocminfo": rocminfo,
+            "preflight_gpus_counted": gpus_counted,
+            "preflight_bytes_needed": bytes_needed,
+            "preflight_pool_gb": pool_gb,
+            "preflight_ram_pools": ram_pools,
         }
