@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from jinja_old import expr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,3 +85,22 @@ def test_launcher_checks_with_the_real_router_parser(tmp_path):
                          text=True, timeout=120, check=False)
     assert run.returncode == 2
     assert "invalid choice: 'cache-aware'" in run.stderr
+
+
+# --- the filters that replaced inline ternaries in tasks/main.yml, against the old Jinja ------------
+
+@pytest.mark.parametrize("key", ["", "s3cret", None])
+def test_auth_headers_and_control_plane_keys(key):
+    assert ROUTER.router_auth_headers(key) == expr("{'Authorization': 'Bearer ' ~ k} if k else {}", k=key)
+    old = expr("['hicache-fleet:hicache-fleet:admin:' ~ k] if k else none", k=key)
+    assert ROUTER.router_control_plane_keys(key) == old
+    assert expr("k or none", k=key) == expr("k if k else none", k=key)  # --api-key
+
+
+@pytest.mark.parametrize("wheelhouse", ["", "/srv/wheelhouse/router"])
+def test_install_source_and_pip_argv(wheelhouse):
+    assert ROUTER.router_install_source(wheelhouse) == expr("'offline' if w | length > 0 else 'index'", w=wheelhouse)
+    old = expr("[venv ~ '/bin/python', '-m', 'pip', 'install', '--quiet', '--disable-pip-version-check']"
+               " + (['--no-index', '--find-links', root ~ '/wheelhouse'] if w | length > 0 else [])"
+               " + ['-r', root ~ '/requirements.txt']", venv="/opt/r/venv", root="/opt/r", w=wheelhouse)
+    assert ROUTER.router_pip_argv("/opt/r/venv", "/opt/r", wheelhouse) == old

@@ -1,5 +1,13 @@
 """Filters of the router role: the router's command line as data, and what to change in its live
-worker list (plain functions, tested in tests/test_router_filters.py)."""
+worker list (plain functions, tested in tests/test_router_filters.py).
+
+- ``router_argv(flags)``: ``{flag: value}`` to the router's argv.
+- ``router_worker_changes(listed, wanted)``: the workers to add to and remove from the live router.
+- ``router_auth_headers(key)``: the control plane's Authorization header (none without a key).
+- ``router_install_source(wheelhouse_dir)``: where the venv's packages come from (offline or index).
+- ``router_pip_argv(venv, root, wheelhouse_dir)``: pip's argv that installs the pinned set.
+- ``router_control_plane_keys(key)``: the --control-plane-api-keys value (none without a key).
+"""
 
 from __future__ import annotations
 
@@ -46,6 +54,35 @@ def router_worker_changes(listed: Sequence[Mapping[str, Any]], wanted: Sequence[
     return {"add": [u for u in want if u not in have], "remove": remove}
 
 
+def router_auth_headers(key: Any) -> dict[str, str]:
+    """``{'Authorization': 'Bearer <key>'}`` for a control-plane api key, ``{}`` without one."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def router_install_source(wheelhouse_dir: str) -> str:
+    """``offline`` when the venv installs from a wheelhouse (router_wheelhouse_dir set), else ``index``."""
+    return "offline" if len(wheelhouse_dir) > 0 else "index"
+
+
+def router_pip_argv(venv: str, root: str, wheelhouse_dir: str) -> list[str]:
+    """pip install of root/requirements.txt into the venv, from root/wheelhouse only when offline."""
+    offline = ["--no-index", "--find-links", f"{root}/wheelhouse"] if len(wheelhouse_dir) > 0 else []
+    return [f"{venv}/bin/python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+            *offline, "-r", f"{root}/requirements.txt"]
+
+
+def router_control_plane_keys(key: Any) -> list[str] | None:
+    """The router's one control-plane key (``hicache-fleet:hicache-fleet:admin:<key>``), none without a key."""
+    return [f"hicache-fleet:hicache-fleet:admin:{key}"] if key else None
+
+
 class FilterModule:
     def filters(self):
-        return {"router_argv": router_argv, "router_worker_changes": router_worker_changes}
+        return {
+            "router_argv": router_argv,
+            "router_worker_changes": router_worker_changes,
+            "router_auth_headers": router_auth_headers,
+            "router_install_source": router_install_source,
+            "router_pip_argv": router_pip_argv,
+            "router_control_plane_keys": router_control_plane_keys,
+        }
