@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from jinja_old import expr
 from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,3 +188,25 @@ def test_prune_removes_exactly_what_no_kept_path_names():
         f"{DIR}/legacy",
     ]
     assert F.models_prune_paths(found, found) == []
+
+
+# --- the filter that replaced the ternaries of tasks/fetch-hf.yml, against the old Jinja -----------
+
+OLD_HF_ENV = (
+    "{'HF_HUB_DISABLE_TELEMETRY': '1', 'HF_HUB_DISABLE_PROGRESS_BARS': '1'}"
+    " | combine((endpoint | length > 0) | ternary({'HF_ENDPOINT': endpoint}, {}))"
+    " | combine((token | length > 0) | ternary({'HF_TOKEN_PATH': token_file}, {}))"
+)
+
+
+@pytest.mark.parametrize("endpoint", ["", "https://hf-mirror.lan"])
+@pytest.mark.parametrize("token", ["", "hf_x"])
+def test_hf_env(endpoint, token):
+    names = {"endpoint": endpoint, "token": token, "token_file": "/root/.cache/hicache-fleet/hf-token"}
+    assert F.models_hf_env(endpoint, token, names["token_file"]) == expr(OLD_HF_ENV, **names)
+
+
+@pytest.mark.parametrize("cli", ["", "/usr/local/bin/hf"])
+def test_hf_cli(cli):
+    old = expr("(cli | length > 0) | ternary(cli, venv ~ '/bin/hf')", cli=cli, venv="/opt/hf")
+    assert expr("cli or venv ~ '/bin/hf'", cli=cli, venv="/opt/hf") == old

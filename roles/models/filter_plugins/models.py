@@ -15,6 +15,8 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``models_fetch_errors(results)``: why items of a fetch loop failed (get_url's checksum refusal rephrased).
 - ``models_manifest_from_hf_tree(entries)`` / ``models_manifest_from_find(found, root)``: a manifest
   from the Hub's tree API at a pinned revision, or from a local directory (playbooks/model_manifest.yml).
+- ``models_hf_env(endpoint, token, token_file)``: the environment of an hf download (the endpoint
+  and the token file only when set).
 """
 
 from __future__ import annotations
@@ -308,12 +310,24 @@ def models_manifest_from_stats(results: Sequence[Mapping[str, Any]]) -> list[dic
              "size": int(r["stat"].get("size", 0))} for r in results if r.get("stat", {}).get("exists")]
 
 
+def models_hf_env(endpoint: str, token: str, token_file: Any) -> dict[str, Any]:
+    """hf's environment: no telemetry or progress bars, HF_ENDPOINT when an endpoint is set and
+    HF_TOKEN_PATH (the token's file) when a token is."""
+    env: dict[str, Any] = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    if len(endpoint) > 0:
+        env["HF_ENDPOINT"] = endpoint
+    if len(token) > 0:
+        env["HF_TOKEN_PATH"] = token_file
+    return env
+
+
 class FilterModule:
     """Jinja filters of the models role."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "models_plan": models_plan,
+            "models_hf_env": models_hf_env,
             "models_file_problems": models_file_problems,
             "models_fetch_errors": models_fetch_errors,
             "models_manifest_from_hf_tree": models_manifest_from_hf_tree,
