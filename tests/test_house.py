@@ -7,6 +7,8 @@ b. Every include_role/import_role (and `roles:` entry) with tasks_from names an 
    target role declares; no include_tasks/import_tasks runs a file of another role's tasks/.
 c. No task file of a role reads another role's files by climbing out of its role_path
    (`role_path }}/..`, `role_path ~ '/..'`, `role_path | dirname`).
+d. Jinja for data, Python for logic: the task files, handlers and playbooks hold at most 10 inline
+   ternaries per 1,000 lines (docs/conventions.md); logic goes into a role's filter_plugins.
 
 Each check is a plain function over the tree, so the negative self-checks below feed it a made-up
 tree and make sure it does find the problem.
@@ -241,3 +243,57 @@ def test_reach_in_check_finds_each_way_out(tmp_path):
         "# a comment about {{ role_path }}/.. is not a read\n"
         "- ansible.builtin.debug:\n    msg: \"{{ role_path }}/files/own.py\"\n")
     assert len(reach_in_findings(tmp_path)) == 4, reach_in_findings(tmp_path)
+
+
+# --- d. Jinja for data, Python for logic ------------------------------------------------------------
+
+# An inline ternary: the ternary filter, or a Jinja inline if/else on one line (a `{% if %}`
+# statement has a '%' between its if and else, so it is not one).
+TERNARY = re.compile(r"\bternary\(")
+INLINE_IF = re.compile(r"\bif\b[^\n%]*?\belse\b")
+TERNARIES_PER_1000_LINES = 10
+TERNARY_GLOBS = ("roles/*/tasks/*.yml", "roles/*/handlers/*.yml", "playbooks/*.yml", "site.yml")
+
+
+def ternary_counts(root: Path) -> dict[str, tuple[int, int]]:
+    """{file: (inline ternaries, lines)} over the task files, handlers, playbooks and site.yml."""
+    counts = {}
+    for path in sorted({p for pattern in TERNARY_GLOBS for p in root.glob(pattern) if p.is_file()}):
+        text = path.read_text(encoding="utf-8")
+        counts[str(path.relative_to(root))] = (len(TERNARY.findall(text)) + len(INLINE_IF.findall(text)),
+                                               text.count("\n"))
+    return counts
+
+
+def ternary_findings(root: Path) -> list[str]:
+    counts = ternary_counts(root)
+    ternaries = sum(n for n, _ in counts.values())
+    lines = sum(n for _, n in counts.values())
+    if ternaries * 1000 <= TERNARIES_PER_1000_LINES * lines:
+        return []
+    most = sorted(((n, f) for f, (n, _) in counts.items() if n), reverse=True)[:10]
+    return [f"{ternaries} inline ternaries in {lines} lines = {1000 * ternaries / max(lines, 1):.1f} per 1,000 "
+            f"(at most {TERNARIES_PER_1000_LINES}): move the logic into the role's filter_plugins; most in"] + \
+        [f"  {f}: {n}" for n, f in most]
+
+
+def test_few_inline_ternaries_in_tasks_and_playbooks():
+    problems = ternary_findings(ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_ternary_count_finds_filters_and_inline_ifs(tmp_path):
+    tasks = tmp_path / "roles" / "one" / "tasks"
+    tasks.mkdir(parents=True)
+    (tmp_path / "playbooks").mkdir()
+    (tasks / "main.yml").write_text(
+        "- ansible.builtin.debug:\n    msg: \"{{ x | ternary('a', 'b') }} {{ 'a' if x else 'b' }}\"\n"
+        "- ansible.builtin.debug:\n    msg: \"{% if x %}a{% else %}b{% endif %}\"\n"   # a statement: not one
+        "- ansible.builtin.debug:\n    msg: >-\n      {{ 'a' if x\n         else 'b' }}\n")  # two lines: not one
+    (tmp_path / "playbooks" / "p.yml").write_text("- hosts: all\n" + "  # filler\n" * 199)
+    assert ternary_counts(tmp_path)["roles/one/tasks/main.yml"] == (2, 8)
+    assert ternary_findings(tmp_path) == []  # 2 in 208 lines: 9.6 per 1,000
+    (tmp_path / "site.yml").write_text("- hosts: \"{{ 'a' if b else 'c' }}\"\n")
+    problems = ternary_findings(tmp_path)
+    assert problems[0].startswith("3 inline ternaries in 209 lines = 14.4 per 1,000"), problems
+    assert problems[1:] == ["  roles/one/tasks/main.yml: 2", "  site.yml: 1"], problems
