@@ -210,3 +210,29 @@ def test_a_bad_hosts_count_is_refused():
                           capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert done.returncode == 2
     assert "--hosts: DEMO_HOSTS must be an integer from 1 to 40" in done.stderr
+
+
+def test_real_ansible_output_of_a_serial_play_is_cut_into_its_batches_with_their_times(tmp_path):
+    """The real ansible-playbook, through the benchmark's own line-by-line reader: a play with the batch
+    play's name and rollout_batches' serial over four local hosts prints its banner once per batch."""
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        for name in ("demo-1", "demo-2", "demo-3", "demo-4")}}}))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([
+        {"name": "Before", "hosts": "all", "gather_facts": False,
+         "tasks": [{"name": "Nothing", "ansible.builtin.debug": {"msg": "x"}}]},
+        {"name": fleet_scale.rollout_rerun.BATCH_PLAY, "hosts": "all", "gather_facts": False,
+         "serial": [1, 1, "100%"],
+         "tasks": [{"name": "Take a while", "ansible.builtin.command": "sleep 0.5", "changed_when": False}]},
+        {"name": "After", "hosts": "all", "gather_facts": False,
+         "tasks": [{"name": "Nothing", "ansible.builtin.debug": {"msg": "x"}}]},
+    ], sort_keys=False))
+    done = fleet_scale.stamped([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
+                                str(tmp_path / "play.yml")], timeout=300)
+    assert done.rc == 0, done.stdout
+    found = fleet_scale.batches(done.lines)
+    assert [b.hosts for b in found] == [["demo-1"], ["demo-2"], ["demo-3", "demo-4"]], done.stdout
+    assert all(b.seconds >= 0.5 for b in found), [b.seconds for b in found]
+    assert found[0].start < found[1].start < found[2].start < found[2].end <= done.wall
+    assert {h: r["ok"] for h, r in fleet_scale.recap_by_host(done.stdout).items()} == {
+        "demo-1": 3, "demo-2": 3, "demo-3": 3, "demo-4": 3}
