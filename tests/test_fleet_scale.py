@@ -231,7 +231,8 @@ def test_real_ansible_output_of_a_serial_play_is_cut_into_its_batches_with_their
                                 str(tmp_path / "play.yml")], timeout=300)
     assert done.rc == 0, done.stdout
     found = fleet_scale.batches(done.lines)
-    assert [b.hosts for b in found] == [["demo-1"], ["demo-2"], ["demo-3", "demo-4"]], done.stdout
+    # A batch's hosts in the order their results came (the last batch's two finish in either order).
+    assert [sorted(b.hosts) for b in found] == [["demo-1"], ["demo-2"], ["demo-3", "demo-4"]], done.stdout
     assert all(b.seconds >= 0.5 for b in found), [b.seconds for b in found]
     assert found[0].start < found[1].start < found[2].start < found[2].end <= done.wall
     assert {h: r["ok"] for h, r in fleet_scale.recap_by_host(done.stdout).items()} == {
