@@ -18,18 +18,6 @@ def _sum(text: str) -> dict:
     return {"stat": {"exists": True, "checksum": hashlib.sha256(text.encode()).hexdigest()}}
 
 
-def test_changing_names_instances_whose_unit_or_env_differs():
-    f = _filters()
-    plan = [{"name": n, "unit_content": u} for n, u in (("a", "U1"), ("b", "U2"), ("c", "U3"))]
-    env = {"a": "E1", "b": "E2", "c": "E3"}
-    live = [
-        (plan[0], _sum("U1"), _sum("E1")),  # identical: no restart
-        (plan[1], _sum("U2"), _sum("E2 old")),  # env file changed (e.g. an api key)
-        (plan[2], {"stat": {"exists": False}}, {"stat": {"exists": False}}),  # first deploy
-    ]
-    assert f.changing(live, env) == ["b", "c"]
-
-
 def test_release_record_names_the_venv_and_the_model_revisions():
     f = _filters()
     instance = {

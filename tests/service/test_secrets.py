@@ -120,25 +120,6 @@ def test_the_config_hash_is_no_plain_hash_of_the_key_file_and_follows_the_key(re
     assert rotated["own"]["config_hash"] == plan["own"]["config_hash"]
 
 
-def _stat(checksum: str = "", exists: bool = True) -> dict:
-    return {"stat": {"exists": exists, "checksum": checksum}}
-
-
-def test_changing_compares_the_secrets_file():
-    unit, env, secret = "unit", "env", '{"api-key": "k"}\n'
-    instance = {"name": "main", "unit_content": unit}
-    sums = {text: hashlib.sha256(text.encode()).hexdigest() for text in (unit, env, secret)}
-    same = [(instance, _stat(sums[unit]), _stat(sums[env]), _stat(sums[secret]))]
-    assert filters.changing(same, {"main": env}, {"main": secret}) == []
-    assert filters.changing(same, {"main": env}, {"main": '{"api-key": "new"}\n'}) == ["main"]
-    # Keys removed: the file must go, so the instance changes.
-    assert filters.changing(same, {"main": env}, {"main": ""}) == ["main"]
-    gone = [(instance, _stat(sums[unit]), _stat(sums[env]), _stat(exists=False))]
-    assert filters.changing(gone, {"main": env}, {"main": ""}) == []
-    # The old call (unit and env only) still works.
-    assert filters.changing([(instance, _stat(sums[unit]), _stat(sums[env]))], {"main": env}) == []
-
-
 @pytest.mark.parametrize(
     ("bind", "router", "extra", "expected"),
     [

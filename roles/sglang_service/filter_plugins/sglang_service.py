@@ -153,36 +153,6 @@ def prune(
     ]
 
 
-def changing(
-    candidates: Sequence[Sequence[Mapping[str, Any]]],
-    env_contents: Mapping[str, str],
-    secret_contents: Mapping[str, str] | None = None,
-) -> list[str]:
-    """Names of the instances whose live unit, env file or secrets file differs from the candidate.
-
-    `candidates` is the plan zipped with the stat results (sha256 checksums) of the live unit and env
-    file of each instance, and optionally of its secrets file. An instance without keys must have no
-    secrets file; one with keys, a file with exactly the candidate's content.
-    """
-    names = []
-    for instance, unit_stat, env_stat, *rest in candidates:
-        unit_sum = (unit_stat.get("stat") or {}).get("checksum", "")
-        env_sum = (env_stat.get("stat") or {}).get("checksum", "")
-        want_unit = hashlib.sha256(str(instance["unit_content"]).encode()).hexdigest()
-        want_env = hashlib.sha256(str(env_contents[instance["name"]]).encode()).hexdigest()
-        differs = unit_sum != want_unit or env_sum != want_env
-        if rest and secret_contents is not None:
-            live = rest[0].get("stat") or {}
-            want = str(secret_contents.get(instance["name"], "") or "")
-            if want:
-                differs = differs or live.get("checksum", "") != hashlib.sha256(want.encode()).hexdigest()
-            else:
-                differs = differs or bool(live.get("exists", False))
-        if differs:
-            names.append(instance["name"])
-    return names
-
-
 _RELEASE_KEYS = ("name", "unit", "bind", "port", "profile", "hicache", "api_key_set", "admin_api_key_set",
                  "secrets_set", "config_hash", "release_dir", "state_dir", "components")
 _MODEL_FLAGS = ("--model-path", "--speculative-draft-model-path")
@@ -201,6 +171,30 @@ def release_record(instance: Mapping[str, Any], python: str) -> dict[str, Any]:
     args = instance.get("args") or {}
     record["model_paths"] = [str(args[flag]) for flag in _MODEL_FLAGS if args.get(flag)]
     return record
+
+
+def _nice_json(value: Any) -> str:
+    """JSON as Ansible's to_nice_json writes it (indent 4, sorted keys, ASCII)."""
+    return json.dumps(value, indent=4, sort_keys=True, separators=(",", ": "))
+
+
+def release_instances(plan: Sequence[Mapping[str, Any]], python: str) -> list[dict[str, Any]]:
+    """The plan as library/sglang_service_release.py takes it: each instance's live paths, its release
+    directory and the contents of its release files other than env and secrets (argv.json and
+    release.json exactly as `to_nice_json` renders them, with a final newline)."""
+    return [
+        {
+            "name": instance["name"],
+            "unit_path": instance["unit_path"],
+            "env_path": instance["env_path"],
+            "secrets_path": instance["secrets_path"],
+            "release_dir": instance["release_dir"],
+            "unit": str(instance["unit_content"]),
+            "argv_json": _nice_json(list(instance["launch_argv"])) + "\n",
+            "release_json": _nice_json(release_record(instance, python)) + "\n",
+        }
+        for instance in plan
+    ]
 
 
 def systemd_quote(word: Any) -> str:
@@ -410,7 +404,7 @@ class FilterModule:
             "sglang_service_systemd_quote": systemd_quote,
             "sglang_service_host_pool_gb": host_pool_gb,
             "sglang_service_prune": prune,
-            "sglang_service_changing": changing,
+            "sglang_service_release_instances": release_instances,
             "sglang_service_release_record": release_record,
             "sglang_service_env_quote": env_quote,
             "sglang_service_redact": redact,

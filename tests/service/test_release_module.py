@@ -1,0 +1,187 @@
+"""Staging a release as one module call: module_utils/sglang_service_release.py on tmp_path, the
+filter that feeds it, and library/sglang_service_release.py through `ansible localhost -m` (AnsiballZ,
+check mode, no_log) as the role's stage runs it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import ansible.module_utils
+import pytest
+from ansible.plugins.filter.core import to_nice_json
+from plugins import load
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+
+from ansible.module_utils import sglang_service_release as release  # noqa: E402
+
+filters = load("roles/sglang_service/filter_plugins/sglang_service.py", "sglang_service_filters_release_module")
+SECRET = '{\n    "api-key": "sk-test-5e1f0c9a77"\n}'  # noqa: S105 (a test key)
+
+
+def _instance(tmp_path: Path, name: str = "main", unit: str = "[Unit]\nDescription=x\n") -> dict:
+    live = tmp_path / "live"
+    live.mkdir(exist_ok=True)
+    return {
+        "name": name,
+        "unit_path": str(live / f"sglang-{name}.service"),
+        "env_path": str(live / f"{name}.env"),
+        "secrets_path": str(live / f"{name}.secrets.yaml"),
+        "release_dir": str(tmp_path / "state" / name / "releases" / "0123456789ab"),
+        "unit": unit,
+        "argv_json": '[\n    "--port",\n    "30000"\n]\n',
+        "release_json": '{\n    "name": "main"\n}\n',
+    }
+
+
+def _live(instance: dict, unit: str | None, env: str | None, secrets: str | None = None) -> None:
+    for key, text in (("unit_path", unit), ("env_path", env), ("secrets_path", secrets)):
+        path = Path(instance[key])
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(text)
+
+
+def test_live_differs_names_what_a_restart_would_change(tmp_path):
+    inst = _instance(tmp_path)
+    _live(inst, inst["unit"], "A=1\n")
+    assert not release.live_differs(inst, "A=1\n", "")
+    assert release.live_differs(inst, "A=2\n", "")  # env changed (e.g. a ROCm variable)
+    _live(inst, "[Unit]\nold\n", "A=1\n")
+    assert release.live_differs(inst, "A=1\n", "")  # unit changed
+    _live(inst, None, None)
+    assert release.live_differs(inst, "A=1\n", "")  # first deploy
+
+
+def test_live_differs_holds_the_secrets_file_to_the_keys(tmp_path):
+    inst = _instance(tmp_path)
+    _live(inst, inst["unit"], "A=1\n", SECRET)
+    assert not release.live_differs(inst, "A=1\n", SECRET)
+    assert release.live_differs(inst, "A=1\n", SECRET.replace("5e1f", "ffff"))  # a key rotated
+    assert release.live_differs(inst, "A=1\n", "")  # keys removed: the file must go
+    _live(inst, inst["unit"], "A=1\n", None)
+    assert not release.live_differs(inst, "A=1\n", "")
+    assert release.live_differs(inst, "A=1\n", SECRET)  # keys added
+
+
+def test_stage_writes_the_release_once_with_tight_modes(tmp_path):
+    inst = _instance(tmp_path)
+    _live(inst, inst["unit"], "A=1\n")
+    first = release.stage([inst], {"main": "A=2\n"}, {}, check_mode=False)
+    release_dir = Path(inst["release_dir"])
+    assert first["changed"]
+    assert first["pending"] == ["main"]
+    assert sorted(p.name for p in release_dir.iterdir()) == ["argv.json", "env", "release.json", "unit"]
+    assert stat.S_IMODE(release_dir.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in release_dir.iterdir()} == {0o600}
+    assert (release_dir / "env").read_text() == "A=2\n"
+    assert (release_dir / "unit").read_text() == inst["unit"]
+    # The same release again: nothing written; the live env still differs, so still pending.
+    again = release.stage([inst], {"main": "A=2\n"}, {}, check_mode=False)
+    assert again["pending"] == ["main"]
+    assert again["written"] == []
+    assert not again["changed"]
+    unit_sum = hashlib.sha256(inst["unit"].encode()).hexdigest()
+    assert again["live_units"] == [{"stat": {"exists": True, "checksum": unit_sum}}]
+    # A file of the release changed by hand, or its mode: put back, and only that file.
+    (release_dir / "argv.json").write_text("[]\n")
+    os.chmod(release_dir / "env", 0o644)
+    fixed = release.stage([inst], {"main": "A=2\n"}, {}, check_mode=False)
+    assert sorted(Path(p).name for p in fixed["written"]) == ["argv.json", "env"]
+    assert stat.S_IMODE((release_dir / "env").stat().st_mode) == 0o600
+    assert not list(release_dir.glob(".staging-*"))
+
+
+def test_stage_keeps_secrets_only_for_an_instance_with_keys(tmp_path):
+    keyed, plain = _instance(tmp_path, "keyed"), _instance(tmp_path, "plain")
+    for inst in (keyed, plain):
+        _live(inst, inst["unit"], "A=1\n")
+    result = release.stage([keyed, plain], {"keyed": "A=1\n", "plain": "A=1\n"}, {"keyed": SECRET, "plain": ""},
+                           check_mode=False)
+    assert result["pending"] == ["keyed"]  # its live secrets file is missing
+    assert (Path(keyed["release_dir"]) / "secrets.yaml").read_text() == SECRET
+    assert not (Path(plain["release_dir"]) / "secrets.yaml").exists()
+    assert all("secrets.yaml" not in p or p.startswith(keyed["release_dir"]) for p in result["written"])
+
+
+def test_check_mode_writes_nothing_and_says_what_it_would(tmp_path):
+    inst = _instance(tmp_path)
+    result = release.stage([inst], {"main": "A=1\n"}, {}, check_mode=True)
+    assert result["changed"]
+    assert result["pending"] == ["main"]
+    assert inst["release_dir"] in result["written"]
+    assert not Path(inst["release_dir"]).exists()
+    assert result["live_units"] == [{"stat": {"exists": False, "checksum": ""}}]
+
+
+def test_a_file_where_the_release_directory_goes_is_refused(tmp_path):
+    inst = _instance(tmp_path)
+    Path(inst["release_dir"]).parent.mkdir(parents=True)
+    Path(inst["release_dir"]).write_text("not a directory")
+    with pytest.raises(ValueError, match="is not a directory"):
+        release.stage([inst], {}, {}, check_mode=False)
+
+
+def test_the_filter_renders_the_release_files_as_to_nice_json_did():
+    plan = [{
+        "name": "main", "unit": "sglang-main.service", "unit_path": "/etc/systemd/system/sglang-main.service",
+        "env_path": "/etc/sglang/main.env", "secrets_path": "/etc/sglang/main.secrets.yaml",
+        "release_dir": "/var/lib/sglang/main/releases/0123456789ab", "unit_content": "[Unit]\n",
+        "launch_argv": ["--model-path", "/srv/models/é", "--port", "30000"], "bind": "127.0.0.1", "port": "30000",
+        "config_hash": "f" * 64, "args": {"--model-path": "/srv/models/é"}, "components": {"rocm": "a"},
+    }]
+    (out,) = filters.release_instances(plan, "/opt/sglang/venvs/r1/bin/python")
+    # What the copy tasks wrote before: "{{ x | to_nice_json }}\n".
+    assert out["argv_json"] == to_nice_json(plan[0]["launch_argv"]) + "\n"
+    python = "/opt/sglang/venvs/r1/bin/python"
+    assert out["release_json"] == to_nice_json(filters.release_record(plan[0], python)) + "\n"
+    assert out["unit"] == "[Unit]\n"
+    assert out["release_dir"] == plan[0]["release_dir"]
+    assert "env" not in out
+    assert "secrets" not in out
+
+
+def _ansible(tmp_path: Path, args: dict, *extra: str) -> subprocess.CompletedProcess:
+    argv = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "sglang_service_release",
+            "-a", json.dumps(args), "-v", *extra]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+
+
+def test_the_module_through_ansible_check_mode_then_real_then_unchanged(tmp_path):
+    inst = _instance(tmp_path)
+    _live(inst, inst["unit"], "A=1\n", SECRET)
+    args = {"instances": [inst], "env": {"main": "A=1\nHF_TOKEN=hf-secret-value-1234\n"}, "secrets": {"main": SECRET}}
+    checked = _ansible(tmp_path, args, "--check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "CHANGED" in checked.stdout
+    assert not Path(inst["release_dir"]).exists()
+    done = _ansible(tmp_path, args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'pending:\n    - main' in done.stdout, done.stdout  # the env differs from the live one
+    assert (Path(inst["release_dir"]) / "secrets.yaml").read_text() == SECRET
+    again = _ansible(tmp_path, args)
+    assert again.returncode == 0, again.stdout
+    assert "CHANGED" not in again.stdout, again.stdout
+    # Neither the keys nor the env file's content are printed, even with -v.
+    for out in (checked, done, again):
+        assert "sk-test-5e1f0c9a77" not in out.stdout + out.stderr
+        assert "hf-secret-value-1234" not in out.stdout + out.stderr
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    assert digest not in done.stdout
+
+
+def test_the_module_names_a_relative_release_dir(tmp_path):
+    inst = {**_instance(tmp_path), "release_dir": "releases/x"}
+    out = _ansible(tmp_path, {"instances": [inst]})
+    assert out.returncode != 0, out.stdout
+    assert "release_dir 'releases/x' is not an absolute path" in out.stdout, out.stdout
