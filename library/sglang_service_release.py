@@ -7,10 +7,10 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: sglang_service_release
-short_description: Keep the candidate SGLang service release on the host and say which instances it would restart
+short_description: Stage an SGLang service release on the host, or make the staged release the live one
 description:
   - >-
-    The last step of the sglang_service role's C(stage): for each instance, compare its live unit,
+    O(state=staged), the last step of the sglang_service role's C(stage): for each instance, compare its live unit,
     environment file and secrets file with the candidate (read only: nothing a running instance
     reads changes), and keep the candidate as the release directory O(instances[].release_dir)
     with the files C(unit), C(argv.json), C(release.json), C(env) and, for an instance with API
@@ -23,10 +23,26 @@ description:
   - >-
     Check mode writes nothing and reports what it would write. No diff is shown: the release files
     are copies of files whose own tasks show their diff when they are installed (and some hold keys).
+  - >-
+    O(state=active), the install step of the role's C(activate): for each instance named in
+    O(changing), the release C(<state_dir>/current) points at becomes C(<state_dir>/previous) (a
+    unit found there without a C(current) pointer, installed before the role managed the instance,
+    is first kept as the release C(releases/adopted-<sha12>/) and becomes C(previous)); then every
+    instance's environment file (mode C(0600)), secrets file (C(0640), group O(service_group); removed
+    for an instance without keys) and unit (C(0644)) are written where they differ, and C(current)
+    points at O(instances[].release_dir). RV(restart) names the instances whose files changed. With
+    C(--diff) it shows the unit and environment file changes (never the secrets file's).
   - The logic lives in module_utils/sglang_service_release.py (tested on its own).
 version_added: "0.1.0"
 author: hicache-fleet maintainers (!UNKNOWN)
 options:
+  state:
+    description:
+      - C(staged) keeps the candidate as a release directory and compares it with the live files.
+      - C(active) installs the staged release (see the description).
+    type: str
+    choices: [staged, active]
+    default: staged
   instances:
     description:
       - The instances of the candidate release, as the sglang_service plan renders them.
@@ -59,16 +75,51 @@ options:
         type: str
         required: true
       argv_json:
-        description: The content of C(argv.json) (the launch argv; keys only in the secrets file).
+        description:
+          - >-
+            The content of C(argv.json) (the launch argv; keys only in the secrets file).
+            Required with O(state=staged).
         type: str
-        required: true
       release_json:
-        description: The content of C(release.json) (what the release is and what it runs from).
+        description:
+          - >-
+            The content of C(release.json) (what the release is and what it runs from).
+            Required with O(state=staged).
         type: str
-        required: true
+      state_dir:
+        description:
+          - >-
+            The instance's state directory (its C(current) and C(previous) pointers).
+            Required with O(state=active).
+        type: path
+      releases_dir:
+        description:
+          - >-
+            The instance's releases directory (an adopted unit is kept there).
+            Required with O(state=active).
+        type: path
+      unit_name:
+        description:
+          - >-
+            The unit's name, e.g. C(sglang-main.service) (in an adopted release's record).
+            Required with O(state=active).
+        type: str
+      bind:
+        description:
+          - >-
+            The address the instance binds (in an adopted release's record).
+            Required with O(state=active).
+        type: str
+      port:
+        description:
+          - >-
+            The instance's port (in an adopted release's record).
+            Required with O(state=active).
+        type: int
   env:
     description:
       - Each instance's candidate environment file, by instance name (a missing name is an empty file).
+      - It holds no keys (they are in the secrets file); like the unit, it is shown by C(--diff).
     type: dict
     default: {}
   secrets:
@@ -77,6 +128,17 @@ options:
         instance name; empty or missing for an instance without keys.
     type: dict
     default: {}
+  changing:
+    description:
+      - With O(state=active), the instances whose live files differ from the staged release (what
+        O(state=staged) returned as RV(pending)); only their pointers move to C(previous).
+    type: list
+    elements: str
+    default: []
+  service_group:
+    description: With O(state=active), the group of the secrets files (the service's group).
+    type: str
+    default: root
 """
 
 EXAMPLES = r"""
@@ -94,35 +156,65 @@ EXAMPLES = r"""
     env: {main: "{{ env_text }}"}
     secrets: {}
   register: staged
+
+- name: Install | the staged release becomes the live one
+  sglang_service_release:
+    state: active
+    instances:
+      - name: main
+        unit_path: /etc/systemd/system/sglang-main.service
+        env_path: /etc/sglang/main.env
+        secrets_path: /etc/sglang/main.secrets.yaml
+        release_dir: /var/lib/sglang/main/releases/0123456789ab
+        state_dir: /var/lib/sglang/main
+        releases_dir: /var/lib/sglang/main/releases
+        unit_name: sglang-main.service
+        bind: 127.0.0.1
+        port: 30000
+        unit: "{{ unit_text }}"
+    env: {main: "{{ env_text }}"}
+    changing: "{{ staged.pending }}"
+    service_group: sglang
+  register: installed
 """
 
 RETURN = r"""
 pending:
   description: Names of the instances whose live unit, env or secrets file differs from the candidate.
-  returned: always
+  returned: with O(state=staged)
   type: list
   elements: str
   sample: [main]
-live_units:
-  description:
-    - Per instance (in the order of O(instances)), whether its live unit file exists and its sha256,
-      shaped as M(ansible.builtin.stat)'s result (C(stat.exists), C(stat.checksum)).
-  returned: always
+restart:
+  description: With O(state=active), the instances whose env, secrets or unit file changed (they restart).
+  returned: with O(state=active)
   type: list
-  elements: dict
-  sample: [{stat: {exists: true, checksum: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}}]
+  elements: str
+  sample: [main]
+units_changed:
+  description: With O(state=active), whether a unit file changed (systemd must reload its units).
+  returned: with O(state=active)
+  type: bool
+  sample: true
+changed_paths:
+  description: With O(state=active), the files and pointers written (in check mode, that would be).
+  returned: with O(state=active)
+  type: list
+  elements: str
+  sample: [/etc/sglang/main.env, /var/lib/sglang/main/current]
 written:
   description: The release directory and files created or rewritten (in check mode, that would be).
-  returned: always
+  returned: with O(state=staged)
   type: list
   elements: str
   sample: [/var/lib/sglang/main/releases/0123456789ab, /var/lib/sglang/main/releases/0123456789ab/unit]
 """
 
+import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_service_release import stage
+from ansible.module_utils.sglang_service_release import activate, stage
 
 INSTANCE_OPTIONS = {
     "name": {"type": "str", "required": True},
@@ -131,31 +223,57 @@ INSTANCE_OPTIONS = {
     "secrets_path": {"type": "path", "required": True},
     "release_dir": {"type": "path", "required": True},
     "unit": {"type": "str", "required": True},
-    "argv_json": {"type": "str", "required": True},
-    "release_json": {"type": "str", "required": True},
+    "argv_json": {"type": "str"},
+    "release_json": {"type": "str"},
+    "state_dir": {"type": "path"},
+    "releases_dir": {"type": "path"},
+    "unit_name": {"type": "str"},
+    "bind": {"type": "str"},
+    "port": {"type": "int"},
+}
+NEEDED = {
+    "staged": ("argv_json", "release_json"),
+    "active": ("state_dir", "releases_dir", "unit_name", "bind", "port"),
 }
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
+            "state": {"type": "str", "choices": ["staged", "active"], "default": "staged"},
             "instances": {"type": "list", "elements": "dict", "required": True, "options": INSTANCE_OPTIONS},
-            "env": {"type": "dict", "default": {}, "no_log": True},
+            # The env file holds no keys (they are in the secrets file): shown in --diff like the unit.
+            "env": {"type": "dict", "default": {}},
             "secrets": {"type": "dict", "default": {}, "no_log": True},
+            "changing": {"type": "list", "elements": "str", "default": []},
+            "service_group": {"type": "str", "default": "root"},
         },
         supports_check_mode=True,
     )
+    state = module.params["state"]
     for instance in module.params["instances"]:
-        if not instance["release_dir"].startswith("/"):
-            module.fail_json(msg=f"instance {instance['name']}: release_dir {instance['release_dir']!r} "
-                                 "is not an absolute path")
-    # root:root when running as root (as the copy tasks this replaces required).
+        missing = [key for key in NEEDED[state] if instance.get(key) is None]
+        if missing:
+            module.fail_json(msg=f"instance {instance['name']}: state={state} needs {', '.join(missing)}")
+        for key in ("release_dir", "state_dir", "releases_dir"):
+            if instance.get(key) is not None and not instance[key].startswith("/"):
+                module.fail_json(msg=f"instance {instance['name']}: {key} {instance[key]!r} is not an absolute path")
+    # root:root when running as root (as the copy and file tasks this replaces required).
     owner = (0, 0) if os.geteuid() == 0 else None
+    env, secrets = module.params["env"] or {}, module.params["secrets"] or {}
     try:
-        result = stage(module.params["instances"], module.params["env"] or {}, module.params["secrets"] or {},
-                       module.check_mode, owner)
+        if state == "staged":
+            result = stage(module.params["instances"], env, secrets, module.check_mode, owner)
+        else:
+            gid = grp.getgrnam(module.params["service_group"]).gr_gid if owner is not None else None
+            result = activate(module.params["instances"], env, secrets, module.params["changing"], module.check_mode,
+                              owner, gid, want_diff=module._diff)
+            if not module._diff:
+                result.pop("diff")
+    except KeyError:
+        module.fail_json(msg=f"service_group {module.params['service_group']!r} is not a group on this host")
     except (OSError, ValueError) as exc:
-        module.fail_json(msg=f"staging the release failed: {exc}")
+        module.fail_json(msg=f"{'staging' if state == 'staged' else 'activating'} the release failed: {exc}")
     module.exit_json(**result)
 
 

@@ -9,6 +9,7 @@ and mode is left alone, so staging the same release again changes nothing."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -87,14 +88,15 @@ def ensure_dir(path, check_mode, owner=None):
     return True
 
 
-def ensure_file(path, content, check_mode, owner=None):
-    """One release file with exactly `content`, mode 0600, written atomically. True if changed."""
+def ensure_file(path, content, check_mode, owner=None, mode=FILE_MODE):
+    """A file with exactly `content`, owner and `mode` (0600 unless given), written atomically.
+    True if changed (in check mode: if it would be)."""
     data = content.encode("utf-8")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         st = None
-    if st is not None and stat.S_ISREG(st.st_mode) and _owned_as(st, FILE_MODE, owner):
+    if st is not None and stat.S_ISREG(st.st_mode) and _owned_as(st, mode, owner):
         with open(path, "rb") as handle:
             if handle.read() == data:
                 return False
@@ -107,7 +109,7 @@ def ensure_file(path, content, check_mode, owner=None):
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, FILE_MODE)
+        os.chmod(tmp, mode)
         if owner is not None:
             os.chown(tmp, *owner)
         os.replace(tmp, path)
@@ -119,20 +121,15 @@ def ensure_file(path, content, check_mode, owner=None):
 
 
 def stage(instances, env, secrets, check_mode, owner=None):
-    """Stage every instance's release. Returns {pending, written, live_units, changed}.
+    """Stage every instance's release. Returns {pending, written, changed}.
 
     `pending`: names of the instances whose live files differ from the candidate (activating the
     release restarts them), in the order given. `written`: the release paths created or rewritten
-    (or that would be, in check mode); their content is never returned. `live_units`: per instance,
-    whether its live unit file exists and its sha256 (a unit there before the role managed it is kept
-    as a release by `activate`).
+    (or that would be, in check mode); their content is never returned.
     """
-    pending, written, live_units = [], [], []
+    pending, written = [], []
     for instance in instances:
         name = instance["name"]
-        unit_sum = _sha256_of(instance["unit_path"])
-        # Shaped as ansible.builtin.stat's result: the adopt step of `activate` reads it.
-        live_units.append({"stat": {"exists": unit_sum is not None, "checksum": unit_sum or ""}})
         env_text = env.get(name, "")
         secrets_text = secrets.get(name, "") or ""
         if live_differs(instance, env_text, secrets_text):
@@ -144,4 +141,133 @@ def stage(instances, env, secrets, check_mode, owner=None):
             path = os.path.join(release_dir, file_name)
             if ensure_file(path, content, check_mode, owner):
                 written.append(path)
-    return {"pending": pending, "written": written, "live_units": live_units, "changed": bool(written)}
+    return {"pending": pending, "written": written, "changed": bool(written)}
+
+
+# --- activate: the staged release becomes the live one ------------------------------------------
+
+UNIT_MODE = 0o644
+ENV_MODE = 0o600
+SECRETS_MODE = 0o640
+
+
+def _read_text(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+
+
+def ensure_link(path, target, check_mode, owner=None):
+    """`path` is a symlink to `target` (replaced atomically). True if changed."""
+    if os.path.islink(path) and os.readlink(path) == target:
+        return False
+    if not check_mode:
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        if owner is not None:
+            os.lchown(tmp, *owner)
+        os.replace(tmp, path)
+    return True
+
+
+def remove_file(path, check_mode):
+    """No file at `path`. True if one was there (in check mode: is there)."""
+    if not os.path.lexists(path):
+        return False
+    if not check_mode:
+        os.unlink(path)
+    return True
+
+
+def _nice_json(value):
+    """JSON as Ansible's to_nice_json writes it (indent 4, sorted keys, ASCII)."""
+    return json.dumps(value, indent=4, sort_keys=True, separators=(",", ": "))
+
+
+def adopt(instance, unit_sum, check_mode, owner=None):
+    """Keep a unit that was there before the role managed the instance (no `current` pointer) as the
+    release releases/adopted-<sha12>/ (its unit, env and secrets file as they are, and a release.json
+    naming it), and make it the `previous` release. Returns the paths changed."""
+    adopted = os.path.join(instance["releases_dir"], f"adopted-{unit_sum[:12]}")
+    changed = []
+    if ensure_dir(adopted, check_mode, owner):
+        changed.append(adopted)
+    for source, name in ((instance["unit_path"], "unit"), (instance["env_path"], "env"),
+                         (instance["secrets_path"], "secrets.yaml")):
+        text = _read_text(source)
+        if text is not None and ensure_file(os.path.join(adopted, name), text, check_mode, owner):
+            changed.append(os.path.join(adopted, name))
+    record = {"name": instance["name"], "unit": instance["unit_name"], "bind": instance["bind"],
+              "port": int(instance["port"]), "profile": "adopted", "config_hash": f"adopted-{unit_sum}"}
+    if ensure_file(os.path.join(adopted, "release.json"), _nice_json(record) + "\n", check_mode, owner):
+        changed.append(os.path.join(adopted, "release.json"))
+    previous = os.path.join(instance["state_dir"], "previous")
+    if ensure_link(previous, adopted, check_mode, owner):
+        changed.append(previous)
+    return changed
+
+
+def _diff(path, before, after):
+    return {"before_header": path, "after_header": path, "before": before or "", "after": after}
+
+
+def activate(instances, env, secrets, changing, check_mode, owner=None, secrets_gid=None, want_diff=False):
+    """Install each instance's staged release: for an instance in `changing`, the release `current`
+    points at becomes `previous` (or a unit that was there unmanaged is adopted as `previous`); then
+    every instance's env file (0600), secrets file (0640, the service group; none without keys) and
+    unit (0644) are written where they differ, and `current` points at the staged release.
+
+    Returns {restart, units_changed, changed_paths, diff, changed}: `restart` names the instances
+    whose env, secrets or unit file changed (they restart), in the order given; `diff` (with
+    `want_diff`) the unit and env changes, never the secrets file's.
+    """
+    restart, changed_paths, diffs = [], [], []
+    units_changed = False
+    root = owner
+    secrets_owner = None if owner is None else (owner[0], owner[1] if secrets_gid is None else secrets_gid)
+    for instance in instances:
+        name = instance["name"]
+        current = os.path.join(instance["state_dir"], "current")
+        if name in changing:
+            if os.path.islink(current):
+                live = os.path.realpath(current)
+                if live != instance["release_dir"]:
+                    previous = os.path.join(instance["state_dir"], "previous")
+                    if ensure_link(previous, live, check_mode, root):
+                        changed_paths.append(previous)
+            else:
+                unit_sum = _sha256_of(instance["unit_path"])
+                if unit_sum is not None:
+                    changed_paths.extend(adopt(instance, unit_sum, check_mode, root))
+        files_changed = False
+        env_text = env.get(name, "")
+        env_before = _read_text(instance["env_path"])
+        if ensure_file(instance["env_path"], env_text, check_mode, root, ENV_MODE):
+            files_changed = True
+            changed_paths.append(instance["env_path"])
+            if want_diff and env_before != env_text:
+                diffs.append(_diff(instance["env_path"], env_before, env_text))
+        secrets_text = secrets.get(name, "") or ""
+        if secrets_text:
+            wrote = ensure_file(instance["secrets_path"], secrets_text, check_mode, secrets_owner, SECRETS_MODE)
+        else:
+            wrote = remove_file(instance["secrets_path"], check_mode)
+        if wrote:
+            files_changed = True
+            changed_paths.append(instance["secrets_path"])
+        unit_before = _read_text(instance["unit_path"])
+        if ensure_file(instance["unit_path"], instance["unit"], check_mode, root, UNIT_MODE):
+            files_changed = units_changed = True
+            changed_paths.append(instance["unit_path"])
+            if want_diff and unit_before != instance["unit"]:
+                diffs.append(_diff(instance["unit_path"], unit_before, instance["unit"]))
+        if files_changed:
+            restart.append(name)
+        if ensure_link(current, instance["release_dir"], check_mode, root):
+            changed_paths.append(current)
+    return {"restart": restart, "units_changed": units_changed, "changed_paths": changed_paths,
+            "diff": diffs, "changed": bool(changed_paths)}

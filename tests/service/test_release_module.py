@@ -90,8 +90,6 @@ def test_stage_writes_the_release_once_with_tight_modes(tmp_path):
     assert again["pending"] == ["main"]
     assert again["written"] == []
     assert not again["changed"]
-    unit_sum = hashlib.sha256(inst["unit"].encode()).hexdigest()
-    assert again["live_units"] == [{"stat": {"exists": True, "checksum": unit_sum}}]
     # A file of the release changed by hand, or its mode: put back, and only that file.
     (release_dir / "argv.json").write_text("[]\n")
     os.chmod(release_dir / "env", 0o644)
@@ -120,7 +118,6 @@ def test_check_mode_writes_nothing_and_says_what_it_would(tmp_path):
     assert result["pending"] == ["main"]
     assert inst["release_dir"] in result["written"]
     assert not Path(inst["release_dir"]).exists()
-    assert result["live_units"] == [{"stat": {"exists": False, "checksum": ""}}]
 
 
 def test_a_file_where_the_release_directory_goes_is_refused(tmp_path):
@@ -138,6 +135,7 @@ def test_the_filter_renders_the_release_files_as_to_nice_json_did():
         "release_dir": "/var/lib/sglang/main/releases/0123456789ab", "unit_content": "[Unit]\n",
         "launch_argv": ["--model-path", "/srv/models/é", "--port", "30000"], "bind": "127.0.0.1", "port": "30000",
         "config_hash": "f" * 64, "args": {"--model-path": "/srv/models/é"}, "components": {"rocm": "a"},
+        "state_dir": "/var/lib/sglang/main", "releases_dir": "/var/lib/sglang/main/releases",
     }]
     (out,) = filters.release_instances(plan, "/opt/sglang/venvs/r1/bin/python")
     # What the copy tasks wrote before: "{{ x | to_nice_json }}\n".
@@ -148,6 +146,7 @@ def test_the_filter_renders_the_release_files_as_to_nice_json_did():
     assert out["release_dir"] == plan[0]["release_dir"]
     assert "env" not in out
     assert "secrets" not in out
+    assert (out["unit_name"], out["port"], out["state_dir"]) == ("sglang-main.service", 30000, "/var/lib/sglang/main")
 
 
 def _ansible(tmp_path: Path, args: dict, *extra: str) -> subprocess.CompletedProcess:
@@ -160,7 +159,7 @@ def _ansible(tmp_path: Path, args: dict, *extra: str) -> subprocess.CompletedPro
 def test_the_module_through_ansible_check_mode_then_real_then_unchanged(tmp_path):
     inst = _instance(tmp_path)
     _live(inst, inst["unit"], "A=1\n", SECRET)
-    args = {"instances": [inst], "env": {"main": "A=1\nHF_TOKEN=hf-secret-value-1234\n"}, "secrets": {"main": SECRET}}
+    args = {"instances": [inst], "env": {"main": "A=1\nB=2\n"}, "secrets": {"main": SECRET}}
     checked = _ansible(tmp_path, args, "--check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "CHANGED" in checked.stdout
@@ -172,10 +171,9 @@ def test_the_module_through_ansible_check_mode_then_real_then_unchanged(tmp_path
     again = _ansible(tmp_path, args)
     assert again.returncode == 0, again.stdout
     assert "CHANGED" not in again.stdout, again.stdout
-    # Neither the keys nor the env file's content are printed, even with -v.
+    # The keys are not printed, even with -v.
     for out in (checked, done, again):
         assert "sk-test-5e1f0c9a77" not in out.stdout + out.stderr
-        assert "hf-secret-value-1234" not in out.stdout + out.stderr
     digest = hashlib.sha256(SECRET.encode()).hexdigest()
     assert digest not in done.stdout
 
@@ -185,3 +183,121 @@ def test_the_module_names_a_relative_release_dir(tmp_path):
     out = _ansible(tmp_path, {"instances": [inst]})
     assert out.returncode != 0, out.stdout
     assert "release_dir 'releases/x' is not an absolute path" in out.stdout, out.stdout
+
+
+# --- state=active: the staged release becomes the live one ---------------------------------------
+
+
+def _active(tmp_path: Path, name: str = "main", release: str = "0123456789ab", unit: str = "[Unit]\nnew\n") -> dict:
+    inst = _instance(tmp_path, name, unit)
+    state_dir = tmp_path / "state" / name
+    inst.update(release_dir=str(state_dir / "releases" / release), state_dir=str(state_dir),
+                releases_dir=str(state_dir / "releases"), unit_name=f"sglang-{name}.service", bind="127.0.0.1",
+                port=30000)
+    Path(inst["release_dir"]).mkdir(parents=True, exist_ok=True)
+    return inst
+
+
+def _mode(path: str) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_activate_a_first_release_installs_it_and_restarts(tmp_path):
+    inst = _active(tmp_path)
+    out = release.activate([inst], {"main": "A=1\n"}, {}, ["main"], check_mode=False)
+    assert out["restart"] == ["main"]
+    assert out["units_changed"]
+    assert Path(inst["unit_path"]).read_text() == inst["unit"]
+    assert (_mode(inst["unit_path"]), _mode(inst["env_path"])) == (0o644, 0o600)
+    assert os.readlink(Path(inst["state_dir"]) / "current") == inst["release_dir"]
+    assert not (Path(inst["state_dir"]) / "previous").exists()
+    assert not Path(inst["secrets_path"]).exists()
+    # The same again: nothing changes, nothing restarts.
+    again = release.activate([inst], {"main": "A=1\n"}, {}, [], check_mode=False)
+    assert again["restart"] == []
+    assert not again["changed"]
+
+
+def test_activate_moves_current_to_previous_only_for_a_changing_instance(tmp_path):
+    old = _active(tmp_path, release="aaaaaaaaaaaa", unit="[Unit]\nold\n")
+    release.activate([old], {"main": "A=1\n"}, {}, ["main"], check_mode=False)
+    new = _active(tmp_path, release="bbbbbbbbbbbb")
+    out = release.activate([new], {"main": "A=1\n"}, {}, ["main"], check_mode=False)
+    state = Path(new["state_dir"])
+    assert os.readlink(state / "previous") == old["release_dir"]
+    assert os.readlink(state / "current") == new["release_dir"]
+    assert out["restart"] == ["main"]  # the unit changed
+    # Not in `changing`: previous stays where it is (a re-activation never loses the rollback target).
+    third = _active(tmp_path, release="cccccccccccc")
+    release.activate([third], {"main": "A=1\n"}, {}, [], check_mode=False)
+    assert os.readlink(state / "previous") == old["release_dir"]
+
+
+def test_activate_adopts_a_unit_the_role_did_not_install(tmp_path):
+    inst = _active(tmp_path)
+    _live(inst, "[Unit]\nhand-made\n", "B=2\n")
+    release.activate([inst], {"main": "A=1\n"}, {}, ["main"], check_mode=False)
+    unit_sum = hashlib.sha256(b"[Unit]\nhand-made\n").hexdigest()
+    adopted = Path(inst["releases_dir"]) / f"adopted-{unit_sum[:12]}"
+    assert os.readlink(Path(inst["state_dir"]) / "previous") == str(adopted)
+    assert (adopted / "unit").read_text() == "[Unit]\nhand-made\n"
+    assert (adopted / "env").read_text() == "B=2\n"
+    assert not (adopted / "secrets.yaml").exists()
+    record = json.loads((adopted / "release.json").read_text())
+    assert record == {"name": "main", "unit": "sglang-main.service", "bind": "127.0.0.1", "port": 30000,
+                      "profile": "adopted", "config_hash": f"adopted-{unit_sum}"}
+    assert (adopted / "release.json").read_text() == to_nice_json(record) + "\n"
+
+
+def test_activate_writes_the_keys_0640_and_removes_them_when_gone(tmp_path):
+    inst = _active(tmp_path)
+    out = release.activate([inst], {"main": "A=1\n"}, {"main": SECRET}, ["main"], check_mode=False,
+                           want_diff=True)
+    assert Path(inst["secrets_path"]).read_text() == SECRET
+    assert _mode(inst["secrets_path"]) == 0o640
+    assert all(SECRET not in d["after"] for d in out["diff"])
+    assert sorted(d["after_header"] for d in out["diff"]) == sorted([inst["env_path"], inst["unit_path"]])
+    gone = release.activate([inst], {"main": "A=1\n"}, {"main": ""}, ["main"], check_mode=False)
+    assert gone["restart"] == ["main"]  # the keys went: SGLang must restart without them
+    assert not Path(inst["secrets_path"]).exists()
+
+
+def test_activate_in_check_mode_writes_nothing_and_says_what_restarts(tmp_path):
+    inst = _active(tmp_path)
+    _live(inst, "[Unit]\nold\n", "A=1\n")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    out = release.activate([inst], {"main": "A=2\n"}, {"main": SECRET}, ["main"], check_mode=True, want_diff=True)
+    assert out["restart"] == ["main"]
+    assert out["changed"]
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert Path(inst["unit_path"]).read_text() == "[Unit]\nold\n"
+    assert {d["after_header"]: (d["before"], d["after"]) for d in out["diff"]}[inst["env_path"]] == ("A=1\n", "A=2\n")
+
+
+def test_the_module_activates_through_ansible_with_a_truthful_diff(tmp_path):
+    inst = _active(tmp_path)
+    _live(inst, "[Unit]\nold\n", "A=1\n")
+    group = grp_name()
+    args = {"state": "active", "instances": [inst], "env": {"main": "A=1\nHIP_VISIBLE_DEVICES=0,1\n"},
+            "secrets": {"main": SECRET}, "changing": ["main"], "service_group": group}
+    checked = _ansible(tmp_path, args, "--check", "--diff")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "-[Unit]\n-old" not in checked.stdout
+    assert "-old\n+new" in checked.stdout  # the unit's diff
+    assert "+HIP_VISIBLE_DEVICES=0,1" in checked.stdout  # the env file's (it holds no keys)
+    assert Path(inst["unit_path"]).read_text() == "[Unit]\nold\n"
+    done = _ansible(tmp_path, args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restart:\n    - main" in done.stdout, done.stdout
+    assert Path(inst["unit_path"]).read_text() == inst["unit"]
+    for out in (checked, done):
+        assert "sk-test-5e1f0c9a77" not in out.stdout + out.stderr
+    missing = _ansible(tmp_path, {"state": "active", "instances": [_instance(tmp_path)]})
+    assert missing.returncode != 0
+    assert "state=active needs state_dir, releases_dir, unit_name, bind, port" in missing.stdout, missing.stdout
+
+
+def grp_name() -> str:
+    import grp
+
+    return grp.getgrgid(os.getgid()).gr_name

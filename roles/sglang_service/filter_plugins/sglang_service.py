@@ -179,9 +179,10 @@ def _nice_json(value: Any) -> str:
 
 
 def release_instances(plan: Sequence[Mapping[str, Any]], python: str) -> list[dict[str, Any]]:
-    """The plan as library/sglang_service_release.py takes it: each instance's live paths, its release
-    directory and the contents of its release files other than env and secrets (argv.json and
-    release.json exactly as `to_nice_json` renders them, with a final newline)."""
+    """The plan as library/sglang_service_release.py takes it: each instance's live paths, its state,
+    releases and release directories, what an adopted release records (unit name, bind, port) and the
+    contents of its release files other than env and secrets (argv.json and release.json exactly as
+    `to_nice_json` renders them, with a final newline)."""
     return [
         {
             "name": instance["name"],
@@ -192,6 +193,11 @@ def release_instances(plan: Sequence[Mapping[str, Any]], python: str) -> list[di
             "unit": str(instance["unit_content"]),
             "argv_json": _nice_json(list(instance["launch_argv"])) + "\n",
             "release_json": _nice_json(release_record(instance, python)) + "\n",
+            "state_dir": instance["state_dir"],
+            "releases_dir": instance["releases_dir"],
+            "unit_name": instance["unit"],
+            "bind": instance["bind"],
+            "port": int(instance["port"]),
         }
         for instance in plan
     ]
