@@ -301,3 +301,13 @@ def grp_name() -> str:
     import grp
 
     return grp.getgrgid(os.getgid()).gr_name
+
+
+def test_the_directories_come_in_creation_order_with_their_owners():
+    plan = [{"state_dir": "/var/lib/sglang/a", "releases_dir": "/var/lib/sglang/a/releases",
+             "home_dir": "/var/lib/sglang/a/home"}]
+    dirs = filters.directories(plan, "/etc/sglang", "/var/lib/sglang", "/usr/local/libexec/sglang", "sglang", "sglang")
+    assert [d["path"] for d in dirs] == ["/etc/sglang", "/var/lib/sglang", "/usr/local/libexec/sglang",
+                                          "/var/lib/sglang/a", "/var/lib/sglang/a/releases", "/var/lib/sglang/a/home"]
+    assert [(d["owner"], d["mode"]) for d in dirs[3:]] == [("root", "0755"), ("root", "0700"), ("sglang", "0750")]
+    assert all(d["owner"] == "root" and d["group"] == "root" for d in dirs[:5])

@@ -173,6 +173,22 @@ def release_record(instance: Mapping[str, Any], python: str) -> dict[str, Any]:
     return record
 
 
+def directories(plan: Sequence[Mapping[str, Any]], config_dir: str, state_dir: str, libexec_dir: str,
+                user: str, group: str) -> list[dict[str, str]]:
+    """Every directory the role keeps, in creation order: {path, owner, group, mode}. The config,
+    state and helper directories are root's (0755); per instance, <state>/<name> is root's (0755), its
+    releases root only (0700) and its home the service's (0750), the only path the service may write."""
+    dirs = [{"path": path, "owner": "root", "group": "root", "mode": "0755"}
+            for path in (config_dir, state_dir, libexec_dir)]
+    for instance in plan:
+        dirs += [
+            {"path": instance["state_dir"], "owner": "root", "group": "root", "mode": "0755"},
+            {"path": instance["releases_dir"], "owner": "root", "group": "root", "mode": "0700"},
+            {"path": instance["home_dir"], "owner": user, "group": group, "mode": "0750"},
+        ]
+    return dirs
+
+
 def _nice_json(value: Any) -> str:
     """JSON as Ansible's to_nice_json writes it (indent 4, sorted keys, ASCII)."""
     return json.dumps(value, indent=4, sort_keys=True, separators=(",", ": "))
@@ -411,6 +427,7 @@ class FilterModule:
             "sglang_service_host_pool_gb": host_pool_gb,
             "sglang_service_prune": prune,
             "sglang_service_release_instances": release_instances,
+            "sglang_service_directories": directories,
             "sglang_service_release_record": release_record,
             "sglang_service_env_quote": env_quote,
             "sglang_service_redact": redact,
