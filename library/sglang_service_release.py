@@ -38,10 +38,13 @@ author: hicache-fleet maintainers (!UNKNOWN)
 options:
   state:
     description:
+      - C(scratch) writes the candidate into O(instances[].staging_dir) for the checks of the
+        release (SGLang's parser, C(systemd-analyze)); nothing runs from there, so it always runs,
+        in check mode too, and is never a change.
       - C(staged) keeps the candidate as a release directory and compares it with the live files.
       - C(active) installs the staged release (see the description).
     type: str
-    choices: [staged, active]
+    choices: [scratch, staged, active]
     default: staged
   instances:
     description:
@@ -85,6 +88,18 @@ options:
           - >-
             The content of C(release.json) (what the release is and what it runs from).
             Required with O(state=staged).
+        type: str
+      staging_dir:
+        description:
+          - >-
+            The instance's scratch directory (root only).
+            Required with O(state=scratch).
+        type: path
+      check_argv_json:
+        description:
+          - >-
+            The content of the scratch C(argv.json) SGLang's parser reads (with the scratch secrets file).
+            Required with O(state=scratch).
         type: str
       state_dir:
         description:
@@ -203,8 +218,10 @@ changed_paths:
   elements: str
   sample: [/etc/sglang/main.env, /var/lib/sglang/main/current]
 written:
-  description: The release directory and files created or rewritten (in check mode, that would be).
-  returned: with O(state=staged)
+  description:
+    - The release directory and files created or rewritten (in check mode, that would be).
+    - With O(state=scratch), the scratch files rewritten (never a change).
+  returned: with O(state=staged) or O(state=scratch)
   type: list
   elements: str
   sample: [/var/lib/sglang/main/releases/0123456789ab, /var/lib/sglang/main/releases/0123456789ab/unit]
@@ -214,7 +231,7 @@ import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_service_release import activate, stage
+from ansible.module_utils.sglang_service_release import activate, scratch, stage
 
 INSTANCE_OPTIONS = {
     "name": {"type": "str", "required": True},
@@ -227,11 +244,14 @@ INSTANCE_OPTIONS = {
     "release_json": {"type": "str"},
     "state_dir": {"type": "path"},
     "releases_dir": {"type": "path"},
+    "staging_dir": {"type": "path"},
+    "check_argv_json": {"type": "str"},
     "unit_name": {"type": "str"},
     "bind": {"type": "str"},
     "port": {"type": "int"},
 }
 NEEDED = {
+    "scratch": ("staging_dir", "check_argv_json", "unit_name"),
     "staged": ("argv_json", "release_json"),
     "active": ("state_dir", "releases_dir", "unit_name", "bind", "port"),
 }
@@ -240,7 +260,7 @@ NEEDED = {
 def main():
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "choices": ["staged", "active"], "default": "staged"},
+            "state": {"type": "str", "choices": ["scratch", "staged", "active"], "default": "staged"},
             "instances": {"type": "list", "elements": "dict", "required": True, "options": INSTANCE_OPTIONS},
             # The env file holds no keys (they are in the secrets file): shown in --diff like the unit.
             "env": {"type": "dict", "default": {}},
@@ -255,14 +275,16 @@ def main():
         missing = [key for key in NEEDED[state] if instance.get(key) is None]
         if missing:
             module.fail_json(msg=f"instance {instance['name']}: state={state} needs {', '.join(missing)}")
-        for key in ("release_dir", "state_dir", "releases_dir"):
+        for key in ("release_dir", "state_dir", "releases_dir", "staging_dir"):
             if instance.get(key) is not None and not instance[key].startswith("/"):
                 module.fail_json(msg=f"instance {instance['name']}: {key} {instance[key]!r} is not an absolute path")
     # root:root when running as root (as the copy and file tasks this replaces required).
     owner = (0, 0) if os.geteuid() == 0 else None
     env, secrets = module.params["env"] or {}, module.params["secrets"] or {}
     try:
-        if state == "staged":
+        if state == "scratch":
+            result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False}
+        elif state == "staged":
             result = stage(module.params["instances"], env, secrets, module.check_mode, owner)
         else:
             gid = grp.getgrnam(module.params["service_group"]).gr_gid if owner is not None else None
@@ -273,7 +295,7 @@ def main():
     except KeyError:
         module.fail_json(msg=f"service_group {module.params['service_group']!r} is not a group on this host")
     except (OSError, ValueError) as exc:
-        module.fail_json(msg=f"{'staging' if state == 'staged' else 'activating'} the release failed: {exc}")
+        module.fail_json(msg=f"the release ({state}) failed: {exc}")
     module.exit_json(**result)
 
 

@@ -271,3 +271,27 @@ def activate(instances, env, secrets, changing, check_mode, owner=None, secrets_
             changed_paths.append(current)
     return {"restart": restart, "units_changed": units_changed, "changed_paths": changed_paths,
             "diff": diffs, "changed": bool(changed_paths)}
+
+
+# --- scratch: the candidate's files for SGLang's parser and systemd-analyze ----------------------
+
+
+def scratch(instances, env, secrets, owner=None):
+    """Write each instance's candidate into its scratch directory (root only, 0700): the unit (0644,
+    under its unit name), the env file, the secrets file when it has keys and argv.json (0600). These
+    files are only read by the checks of the release (nothing runs from them), so writing them is
+    never a change. Returns the paths rewritten."""
+    written = []
+    for instance in instances:
+        name, directory = instance["name"], instance["staging_dir"]
+        ensure_dir(directory, False, owner)
+        files = [(instance["unit_name"], instance["unit"], UNIT_MODE), (f"{name}.env", env.get(name, ""), FILE_MODE),
+                 ("argv.json", instance["check_argv_json"], FILE_MODE)]
+        secrets_text = secrets.get(name, "") or ""
+        if secrets_text:
+            files.append(("secrets.yaml", secrets_text, FILE_MODE))
+        for file_name, content, mode in files:
+            path = os.path.join(directory, file_name)
+            if ensure_file(path, content, False, owner, mode):
+                written.append(path)
+    return written

@@ -136,6 +136,7 @@ def test_the_filter_renders_the_release_files_as_to_nice_json_did():
         "launch_argv": ["--model-path", "/srv/models/é", "--port", "30000"], "bind": "127.0.0.1", "port": "30000",
         "config_hash": "f" * 64, "args": {"--model-path": "/srv/models/é"}, "components": {"rocm": "a"},
         "state_dir": "/var/lib/sglang/main", "releases_dir": "/var/lib/sglang/main/releases",
+        "staging_dir": "/run/sglang-staging/main", "check_argv": ["--port", "30000"],
     }]
     (out,) = filters.release_instances(plan, "/opt/sglang/venvs/r1/bin/python")
     # What the copy tasks wrote before: "{{ x | to_nice_json }}\n".
@@ -311,3 +312,31 @@ def test_the_directories_come_in_creation_order_with_their_owners():
                                           "/var/lib/sglang/a", "/var/lib/sglang/a/releases", "/var/lib/sglang/a/home"]
     assert [(d["owner"], d["mode"]) for d in dirs[3:]] == [("root", "0755"), ("root", "0700"), ("sglang", "0750")]
     assert all(d["owner"] == "root" and d["group"] == "root" for d in dirs[:5])
+
+
+def test_scratch_writes_the_candidate_for_the_checks_also_in_check_mode(tmp_path):
+    inst = {**_instance(tmp_path), "staging_dir": str(tmp_path / "staging" / "main"),
+            "unit_name": "sglang-main.service", "check_argv_json": '["--config", "x/secrets.yaml"]\n'}
+    written = release.scratch([inst], {"main": "A=1\n"}, {"main": SECRET})
+    staging = Path(inst["staging_dir"])
+    assert sorted(p.name for p in staging.iterdir()) == ["argv.json", "main.env", "secrets.yaml", "sglang-main.service"]
+    assert _mode(str(staging)) == 0o700
+    assert _mode(str(staging / "sglang-main.service")) == 0o644
+    assert {_mode(str(staging / n)) for n in ("argv.json", "main.env", "secrets.yaml")} == {0o600}
+    assert len(written) == 4
+    assert release.scratch([inst], {"main": "A=1\n"}, {"main": SECRET}) == []
+    out = _ansible(tmp_path, {"state": "scratch", "instances": [{**inst, "unit": "[Unit]\nchanged\n"}]}, "--check")
+    assert out.returncode == 0, out.stdout
+    assert "CHANGED" not in out.stdout  # scratch files are never a change
+    assert (staging / "sglang-main.service").read_text() == "[Unit]\nchanged\n"  # written in check mode too
+
+
+def test_the_filter_renders_the_parser_argv_as_to_json_did():
+    from ansible.plugins.filter.core import to_json
+
+    argv = ["--model-path", "/srv/m/é", "--config", "/run/x/secrets.yaml", "--port", "30000"]
+    plan = [{"name": "m", "unit": "sglang-m.service", "unit_path": "/u", "env_path": "/e", "secrets_path": "/s",
+             "release_dir": "/r", "unit_content": "", "launch_argv": argv, "check_argv": argv, "state_dir": "/st",
+             "releases_dir": "/st/releases", "staging_dir": "/run/x", "bind": "::1", "port": 1}]
+    (out,) = filters.release_instances(plan, "/v/bin/python")
+    assert out["check_argv_json"] == to_json(argv) + "\n"

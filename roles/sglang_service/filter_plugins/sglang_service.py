@@ -211,6 +211,9 @@ def release_instances(plan: Sequence[Mapping[str, Any]], python: str) -> list[di
             "release_json": _nice_json(release_record(instance, python)) + "\n",
             "state_dir": instance["state_dir"],
             "releases_dir": instance["releases_dir"],
+            "staging_dir": instance["staging_dir"],
+            # As "{{ check_argv | to_json }}\n" wrote it (json.dumps' own separators).
+            "check_argv_json": json.dumps(list(instance["check_argv"])) + "\n",
             "unit_name": instance["unit"],
             "bind": instance["bind"],
             "port": int(instance["port"]),
