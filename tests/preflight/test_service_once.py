@@ -1,0 +1,64 @@
+"""The service checks run once per plan and run: sglang_service's stage does not repeat what
+preflight checked in the same run, and a plan that changed in between is checked again. Real Ansible
+on localhost: the sglang_service plan, then preflight's `service` entry point (as the stage calls it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT_TASK = "Service | who holds each instance's port on the host"
+
+PLAYBOOK = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Plan
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
+    - name: Check (1)
+      ansible.builtin.include_role: {name: preflight, tasks_from: service}
+    - name: Plan again, nothing changed
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
+    - name: Check (2)
+      ansible.builtin.include_role: {name: preflight, tasks_from: service}
+    - name: A change between the two (the environment)
+      ansible.builtin.set_fact:
+        sglang_service_environment: "{{ sglang_service_environment | combine({'HICACHE_FLEET_TEST': '1'}) }}"
+    - name: Plan after the change
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
+    - name: Check (3)
+      ansible.builtin.include_role: {name: preflight, tasks_from: service}
+    - name: Say the digest
+      ansible.builtin.debug:
+        msg: "passed {{ preflight_service_passed }}"
+"""
+
+
+def test_a_plan_is_checked_once_per_run_and_again_after_a_change(tmp_path):
+    (tmp_path / "play.yml").write_text(PLAYBOOK, encoding="utf-8")
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "sglang_service_model_path": "/srv/models/main",
+        "sglang_service_draft_model_path": "/srv/models/draft",
+        "sglang_service_hicache_enabled": False,
+        # A port nothing here listens on (the check reads who holds it on this machine).
+        "sglang_service_instances": [{"name": "main", "port": 30987}],
+    }
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory",
+               ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml"),
+         "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    # The port check ran in checks 1 and 3, not in 2 (the same plan, already passed).
+    ran = re.findall(r"TASK \[preflight : " + re.escape(PORT_TASK) + r"\][^\n]*\n(ok|skipping)", run.stdout)
+    assert ran == ["ok", "ok"], run.stdout[-6000:]
+    assert re.search(r"passed [0-9a-f]{64}", run.stdout), run.stdout[-2000:]
