@@ -73,11 +73,11 @@ def test_release_spec_hashes_as_before(capture, summary, offline, require_hashes
     set_spec = {
         "package_set": "rocm-gfx1100", "python": "3.12.3", "constraints": ["torch==2.9.1"],
         "steps": [{"name": "torch", "packages": ["torch"]}],
-        "index_url": "https://mirror/simple", "extra_index_urls": ["https://x/simple"],
+        "index_url": "INDEX-MAIN", "extra_index_urls": ["INDEX-EXTRA"],
         "wheelhouse": ["abc  x.whl"], "require_hashes": lines,
     }
     new = F.release_spec(set_spec, len(capture) > 0, summary, offline, require_hashes)
-    old = _old_spec(capture, summary, offline, require_hashes, lines, "https://mirror/simple", ["https://x/simple"])
+    old = _old_spec(capture, summary, offline, require_hashes, lines, "INDEX-MAIN", ["INDEX-EXTRA"])
     assert json.dumps(new, sort_keys=True) == old
     assert hashlib.sha256(json.dumps(new, sort_keys=True).encode()).hexdigest()
 
@@ -118,11 +118,11 @@ OLD_PLAN = ("Would build release {{ r }} at {{ p }} with {{ 'Python ' ~ v.full }
             " {% for step in steps %}[{{ step.name }}{{ ' --no-deps' if step.no_deps else '' }}:"
             " {{ step.packages | join(' ') }}] {% endfor %}")
 STEPS = [
-    {"name": "torch", "packages": ["torch==2.9.1", "torchvision"], "no_deps": False, "index_url": "https://Idx/simple",
+    {"name": "torch", "packages": ["torch==2.9.1", "torchvision"], "no_deps": False, "index_url": "INDEX-Torch",
      "extra_index_url": []},
-    {"name": "sglang", "packages": ["sglang==0.5.23"], "no_deps": True, "index_url": "", "extra_index_url": ["https://e/a"]},
-    {"name": "extra packages", "packages": ["x"], "no_deps": False, "index_url": "https://idx/simple",
-     "extra_index_url": ["https://e/b", "https://e/c"]},
+    {"name": "sglang", "packages": ["sglang==0.5.23"], "no_deps": True, "index_url": "", "extra_index_url": ["INDEX-A"]},
+    {"name": "extra packages", "packages": ["x"], "no_deps": False, "index_url": "INDEX-torch",
+     "extra_index_url": ["INDEX-B", "INDEX-C"]},
 ]
 
 
@@ -164,7 +164,7 @@ def test_lock_index_args(steps, offline):
     new = F.lock_index_args(steps, offline)
     assert new == expr(OLD_LOCK, steps=steps, offline=offline)
     if steps == STEPS and not offline:
-        assert new == ["--extra-index-url=https://Idx/simple"]  # the same index once, first spelling kept
+        assert new == ["--extra-index-url=INDEX-Torch"]  # the same index once, first spelling kept
 
 
 OLD_SWITCH = ("([{'name': 'previous', 'target': cur}] if cur else [])"
