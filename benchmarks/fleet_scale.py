@@ -52,9 +52,6 @@ DEFAULT_HOSTS = 12
 # Printed next to the figure (not asserted: this is a benchmark).
 TARGET_FLEET_RATIO = 1.5
 CHANGE_VARIABLE = "HICACHE_FLEET_BENCH"
-RECAP_LINE = re.compile(
-    r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
-    r"\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
 RESULT_LINE = re.compile(r"^(?:ok|changed|failed|fatal): \[([^\]]+)\]")
 
 
@@ -108,16 +105,6 @@ def batches(lines: list[tuple[float, str]], play: str = rollout_rerun.BATCH_PLAY
         current.end = lines[-1][0] if lines else current.start
         found.append(current)
     return found
-
-
-def recap_by_host(stdout: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP's counters per host (ok, changed, unreachable, failed, skipped, rescued, ignored)."""
-    recap = stdout.rsplit("PLAY RECAP", 1)
-    if len(recap) < 2:
-        return {}
-    names = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored")
-    return {m.group(1): dict(zip(names, map(int, m.groups()[1:]), strict=True))
-            for m in RECAP_LINE.finditer(recap[1])}
 
 
 def change_overlay(group_vars: dict, value: str = "fleet-wide change") -> dict:
@@ -231,7 +218,7 @@ def fleet_run(fleet: Fleet, label: str, extra_vars: Path | None) -> None:
     passed = [h for h in fleet.hosts if verdicts.get(h) == "passed"]
     found = batches(done.lines)
     changed = [h for batch in found for h in batch.hosts]
-    recap = recap_by_host(done.stdout)
+    recap = rollout_rerun.recap_by_host(done.stdout)
     oks = [recap[h]["ok"] for h in changed if h in recap]
     per_batch = "; ".join(f"#{i} {len(b.hosts)} host{'s' if len(b.hosts) != 1 else ''} {b.seconds:.1f} s"
                           for i, b in enumerate(found, 1))

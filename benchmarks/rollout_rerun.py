@@ -42,6 +42,8 @@ FLOOR = """---
 # Issue 14's targets, printed next to the figures (not asserted: this is a benchmark).
 TARGET_FLOOR_RATIO = 15.0
 TARGET_FLEET_RATIO = 1.3
+# Issue 23's target for the tasks of a one-host change on the changed host.
+TARGET_ONE_HOST_TASKS = 150
 
 
 def run(playbook: Path, limit: str | None, inventory: Path, strategy_env: dict[str, str]) -> tuple[float, str]:
@@ -74,6 +76,41 @@ def timed(playbook: Path, inventory: Path, strategy_env: dict[str, str]) -> tupl
     before = busy_seconds()
     wall, stdout = run(playbook, None, inventory, strategy_env)
     return wall, busy_seconds() - before, stdout
+
+
+RECAP_LINE = re.compile(
+    r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
+    r"\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
+TASK_BANNER = re.compile(r"^TASK \[(.*)\] \*+$")
+DONE_LINE = re.compile(r"^(?:ok|changed): \[([^\]]+)\]")
+
+
+def recap_by_host(stdout: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP's counters per host (ok, changed, unreachable, failed, skipped, rescued, ignored)."""
+    recap = stdout.rsplit("PLAY RECAP", 1)
+    if len(recap) < 2:
+        return {}
+    names = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored")
+    return {m.group(1): dict(zip(names, map(int, m.groups()[1:]), strict=True))
+            for m in RECAP_LINE.finditer(recap[1])}
+
+
+def tasks_by_role(stdout: str, host: str) -> dict[str, int]:
+    """The tasks that ran on one host (a result line ok or changed, loop items counted once), per role
+    of the TASK banner ("(play)" for a play's own tasks): where a one-host change spends its tasks."""
+    counts: dict[str, int] = {}
+    role, counted = None, True
+    for line in stdout.splitlines():
+        banner = TASK_BANNER.match(line)
+        if banner:
+            name = banner.group(1)
+            role, counted = (name.split(" : ", 1)[0] if " : " in name else "(play)"), False
+            continue
+        result = DONE_LINE.match(line)
+        if role and not counted and result and result.group(1).split(" -> ")[0] == host:
+            counts[role] = counts.get(role, 0) + 1
+            counted = True
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def recap(stdout: str) -> tuple[int, int]:
@@ -154,18 +191,22 @@ def one_host_change(inventory: Path) -> None:
             verdicts = report_verdicts(inventory)
             probed = [h for h in hosts if verdicts.get(h) == "passed"]
             rows.append((label, elapsed, cpu, recap(out)[0], restarted, probed, batch_hosts(out),
-                         skipped_as_converged(out), verdicts))
+                         skipped_as_converged(out), verdicts, recap_by_host(out).get(target, {}),
+                         tasks_by_role(out, target)))
             host_vars.unlink(missing_ok=True)
     finally:
         host_vars.unlink(missing_ok=True)
         if host_vars.parent.exists() and not any(host_vars.parent.iterdir()):
             host_vars.parent.rmdir()
-    for label, elapsed, cpu, ok, restarted, probed, batched, converged, verdicts in rows:
+    for label, elapsed, cpu, ok, restarted, probed, batched, converged, verdicts, own, roles in rows:
         print(f"one-host change, {label}: site.yml {elapsed:.1f} s, {cpu:.1f} CPU s of the machine "
               f"({cpu / elapsed:.2f} cores busy on average), {ok} tasks ok; "
               f"skipped as converged {converged or 'none'}; "
               f"restarted {restarted or 'none'}; probed {probed or 'none'}; visited by the serial batches "
               f"{batched or 'none'}; report {verdicts}")
+        print(f"one-host change, {label}, on {target}: {own.get('ok', '?')} tasks ok, {own.get('skipped', '?')} "
+              f"skipped (target <= {TARGET_ONE_HOST_TASKS} tasks); tasks that ran, by role: "
+              + (", ".join(f"{role} {n}" for role, n in roles.items()) or "none"))
 
 
 def main() -> int:

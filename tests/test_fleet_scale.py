@@ -122,12 +122,12 @@ def test_a_run_cut_inside_a_batch_ends_that_batch_at_its_last_line():
 
 
 def test_recap_by_host_reads_every_counter_of_every_host():
-    recap = fleet_scale.recap_by_host(SAMPLE)
+    recap = fleet_scale.rollout_rerun.recap_by_host(SAMPLE)
     assert set(recap) == {"demo-1", "demo-2", "demo-3", "demo-4", "localhost"}
     assert recap["demo-1"] == {"ok": 241, "changed": 21, "unreachable": 0, "failed": 0, "skipped": 98,
                                "rescued": 0, "ignored": 0}
     assert recap["demo-4"]["rescued"] == 1
-    assert fleet_scale.recap_by_host("no recap here\ndemo-1 : ok=1 changed=0") == {}
+    assert fleet_scale.rollout_rerun.recap_by_host("no recap here\ndemo-1 : ok=1 changed=0") == {}
     # The totals rollout_rerun.recap gives are the sums of these.
     assert fleet_scale.rollout_rerun.recap(SAMPLE)[0] == sum(r["ok"] for r in recap.values())
 
@@ -135,7 +135,8 @@ def test_recap_by_host_reads_every_counter_of_every_host():
 def test_recap_by_host_reads_the_last_recap_only():
     earlier = "PLAY RECAP ***\ndemo-9                     : ok=1    changed=0    unreachable=0    failed=0    " \
               "skipped=0    rescued=0    ignored=0\n"
-    assert set(fleet_scale.recap_by_host(earlier + SAMPLE)) == {"demo-1", "demo-2", "demo-3", "demo-4", "localhost"}
+    hosts = set(fleet_scale.rollout_rerun.recap_by_host(earlier + SAMPLE))
+    assert hosts == {"demo-1", "demo-2", "demo-3", "demo-4", "localhost"}
 
 
 def test_hosts_up_is_the_running_demo_hosts_from_demo_1_without_a_gap():
@@ -235,5 +236,38 @@ def test_real_ansible_output_of_a_serial_play_is_cut_into_its_batches_with_their
     assert [sorted(b.hosts) for b in found] == [["demo-1"], ["demo-2"], ["demo-3", "demo-4"]], done.stdout
     assert all(b.seconds >= 0.5 for b in found), [b.seconds for b in found]
     assert found[0].start < found[1].start < found[2].start < found[2].end <= done.wall
-    assert {h: r["ok"] for h, r in fleet_scale.recap_by_host(done.stdout).items()} == {
+    assert {h: r["ok"] for h, r in fleet_scale.rollout_rerun.recap_by_host(done.stdout).items()} == {
         "demo-1": 3, "demo-2": 3, "demo-3": 3, "demo-4": 3}
+
+
+def test_real_ansible_output_is_counted_per_role_on_one_host(tmp_path):
+    """rollout_rerun's breakdown of a one-host change, on the real ansible-playbook output of two roles
+    on two local hosts: a loop counts once, a task skipped on the host does not count, a task delegated
+    to localhost counts for the host it ran for, the other host's tasks are not counted."""
+    hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+             for name in ("demo-1", "demo-2")}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    for role, tasks in {
+        "alpha": [{"name": "Loop", "ansible.builtin.debug": {"msg": "{{ item }}"}, "loop": [1, 2, 3]},
+                  {"name": "Only demo-1", "ansible.builtin.debug": {"msg": "x"},
+                   "when": "inventory_hostname == 'demo-1'"}],
+        "beta": [{"name": "Delegated", "ansible.builtin.command": "true", "changed_when": False,
+                  "delegate_to": "localhost"}],
+    }.items():
+        (tmp_path / "roles" / role / "tasks").mkdir(parents=True)
+        (tmp_path / "roles" / role / "tasks" / "main.yml").write_text(yaml.safe_dump(tasks, sort_keys=False))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([
+        {"name": "Two roles", "hosts": "all", "gather_facts": False,
+         "tasks": [{"name": "Own task", "ansible.builtin.debug": {"msg": "x"}},
+                   {"ansible.builtin.include_role": {"name": "alpha"}},
+                   {"ansible.builtin.include_role": {"name": "beta"}}]},
+    ], sort_keys=False))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(tmp_path / "roles")}
+    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
+                           str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_role = fleet_scale.rollout_rerun.tasks_by_role(done.stdout, "demo-2")
+    assert by_role == {"(play)": 1, "alpha": 1, "beta": 1}, done.stdout
+    assert fleet_scale.rollout_rerun.tasks_by_role(done.stdout, "demo-1") == {"alpha": 2, "(play)": 1, "beta": 1}
+    assert fleet_scale.rollout_rerun.tasks_by_role(done.stdout, "demo-9") == {}
