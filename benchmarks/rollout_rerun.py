@@ -3,9 +3,11 @@
 the converged demo fleet against an Ansible floor measured in the same run (a play with fact
 gathering and one no-op task on the same hosts), as a ratio; and the wall time for 1 vs 3 hosts.
 The same again under Mitogen's mitogen_linear strategy (ANSIBLE_STRATEGY; --no-mitogen leaves it out).
-Then a change that touches one host of the fleet (a host_vars file written into the inventory for
-the second host, removed afterwards, and the run that takes it back): which hosts restarted (their
-unit's MainPID), which were probed (the run report's verdicts) and which the serial batches visited.
+Then two changes that touch one host of the fleet (a host_vars file written into the inventory for
+the second host, removed afterwards, and the run that takes it back): one to the service's
+environment, one to a unit setting only the service reads. For each: which hosts restarted (their
+unit's MainPID), which were probed (the run report's verdicts), which the serial batches visited, and
+on the changed host its tasks (PLAY RECAP), those that ran per role, and the install phases left out.
 
 Needs a converged fleet: the demo fleet (`make demo` first), or any inventory whose first host is named
 with --one. Usage: benchmarks/rollout_rerun.py [--runs N] [--inventory DIR --one HOST] [--no-mitogen]
@@ -95,6 +97,13 @@ def recap_by_host(stdout: str) -> dict[str, dict[str, int]]:
             for m in RECAP_LINE.finditer(recap[1])}
 
 
+def phases_left_out(stdout: str, host: str) -> list[str]:
+    """The install phases the fast path left out on host, as converged.yml says it ("runs every phase
+    but rocm, venv (current)"); [] when it runs every phase or the message is not there."""
+    found = re.search(rf"msg: '{re.escape(host)}: runs every phase but ([a-z_, ]+) \(current\)", stdout)
+    return sorted(found.group(1).split(", ")) if found else []
+
+
 def tasks_by_role(stdout: str, host: str) -> dict[str, int]:
     """The tasks that ran on one host (a result line ok or changed, loop items counted once), per role
     of the TASK banner ("(play)" for a play's own tasks): where a one-host change spends its tasks."""
@@ -169,7 +178,7 @@ def report_verdicts(inventory: Path) -> dict[str, str]:
 
 
 def one_host_change(inventory: Path) -> None:
-    """A change touching one host of the fleet, then its revert; prints what each run touched."""
+    """Changes touching one host of the fleet, each then its revert; prints what each run touched."""
     hosts_file = inventory / "hosts.yml"
     hosts = list(yaml.safe_load(hosts_file.read_text())["sglang_hosts"]["hosts"])
     target = hosts[1]
@@ -178,34 +187,43 @@ def one_host_change(inventory: Path) -> None:
     if host_vars.exists():
         print(f"one-host change: {host_vars} exists already; skipped")
         return
-    environment = {**group_vars["sglang_service_environment"], "HICACHE_FLEET_BENCH": "one-host change"}
+    # Two kinds of change: the service's environment (an input of the ROCm phase's GPU check too, so
+    # every install phase runs), and a unit setting only the service reads (the install phases are
+    # current and left out).
+    changes = {
+        "environment": {"sglang_service_environment": {**group_vars["sglang_service_environment"],
+                                                       "HICACHE_FLEET_BENCH": "one-host change"}},
+        "unit only": {"sglang_service_restart_sec": int(group_vars.get("sglang_service_restart_sec", 15)) + 1},
+    }
     rows = []
     try:
         host_vars.parent.mkdir(exist_ok=True)
-        host_vars.write_text(yaml.safe_dump({"sglang_service_environment": environment}))
-        for label in ("change on " + target, "revert"):
-            before = main_pids(inventory, hosts)
-            elapsed, cpu, out = timed(ROOT / "site.yml", inventory, {})
-            after = main_pids(inventory, hosts)
-            restarted = [h for h in hosts if before.get(h) != after.get(h)]
-            verdicts = report_verdicts(inventory)
-            probed = [h for h in hosts if verdicts.get(h) == "passed"]
-            rows.append((label, elapsed, cpu, recap(out)[0], restarted, probed, batch_hosts(out),
-                         skipped_as_converged(out), verdicts, recap_by_host(out).get(target, {}),
-                         tasks_by_role(out, target)))
-            host_vars.unlink(missing_ok=True)
+        for kind, overlay in changes.items():
+            host_vars.write_text(yaml.safe_dump(overlay))
+            for label in (f"{kind}, change on {target}", f"{kind}, revert"):
+                before = main_pids(inventory, hosts)
+                elapsed, cpu, out = timed(ROOT / "site.yml", inventory, {})
+                after = main_pids(inventory, hosts)
+                restarted = [h for h in hosts if before.get(h) != after.get(h)]
+                verdicts = report_verdicts(inventory)
+                probed = [h for h in hosts if verdicts.get(h) == "passed"]
+                rows.append((label, elapsed, cpu, recap(out)[0], restarted, probed, batch_hosts(out),
+                             skipped_as_converged(out), verdicts, recap_by_host(out).get(target, {}),
+                             tasks_by_role(out, target), phases_left_out(out, target)))
+                host_vars.unlink(missing_ok=True)
     finally:
         host_vars.unlink(missing_ok=True)
         if host_vars.parent.exists() and not any(host_vars.parent.iterdir()):
             host_vars.parent.rmdir()
-    for label, elapsed, cpu, ok, restarted, probed, batched, converged, verdicts, own, roles in rows:
+    for label, elapsed, cpu, ok, restarted, probed, batched, converged, verdicts, own, roles, left in rows:
         print(f"one-host change, {label}: site.yml {elapsed:.1f} s, {cpu:.1f} CPU s of the machine "
               f"({cpu / elapsed:.2f} cores busy on average), {ok} tasks ok; "
               f"skipped as converged {converged or 'none'}; "
               f"restarted {restarted or 'none'}; probed {probed or 'none'}; visited by the serial batches "
               f"{batched or 'none'}; report {verdicts}")
         print(f"one-host change, {label}, on {target}: {own.get('ok', '?')} tasks ok, {own.get('skipped', '?')} "
-              f"skipped (target <= {TARGET_ONE_HOST_TASKS} tasks); tasks that ran, by role: "
+              f"skipped (target <= {TARGET_ONE_HOST_TASKS} tasks); install phases left out as current: "
+              f"{', '.join(left) or 'none'}; tasks that ran, by role: "
               + (", ".join(f"{role} {n}" for role, n in roles.items()) or "none"))
 
 
