@@ -40,7 +40,8 @@ options:
     description:
       - C(scratch) writes the candidate into O(instances[].staging_dir) for the checks of the
         release (SGLang's parser, C(systemd-analyze)); nothing runs from there, so it always runs,
-        in check mode too, and is never a change.
+        in check mode too, and is never a change. An instance without keys has no scratch
+        secrets file (an old one is removed).
       - C(staged) keeps the candidate as a release directory and compares it with the live files.
       - C(active) installs the staged release (see the description).
     type: str
@@ -281,19 +282,23 @@ def main():
     # root:root when running as root (as the copy and file tasks this replaces required).
     owner = (0, 0) if os.geteuid() == 0 else None
     env, secrets = module.params["env"] or {}, module.params["secrets"] or {}
+    gid = None
+    if state == "active" and owner is not None:
+        try:
+            gid = grp.getgrnam(module.params["service_group"]).gr_gid
+        except KeyError:
+            module.fail_json(msg=f"service_group {module.params['service_group']!r} is not a group on this host "
+                                 "(sglang_service_group: the service user's group, created by the role's user step)")
     try:
         if state == "scratch":
             result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False}
         elif state == "staged":
             result = stage(module.params["instances"], env, secrets, module.check_mode, owner)
         else:
-            gid = grp.getgrnam(module.params["service_group"]).gr_gid if owner is not None else None
             result = activate(module.params["instances"], env, secrets, module.params["changing"], module.check_mode,
                               owner, gid, want_diff=module._diff)
             if not module._diff:
                 result.pop("diff")
-    except KeyError:
-        module.fail_json(msg=f"service_group {module.params['service_group']!r} is not a group on this host")
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"the release ({state}) failed: {exc}")
     module.exit_json(**result)

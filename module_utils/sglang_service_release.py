@@ -234,8 +234,10 @@ def activate(instances, env, secrets, changing, check_mode, owner=None, secrets_
         current = os.path.join(instance["state_dir"], "current")
         if name in changing:
             if os.path.islink(current):
+                # Compared as real paths on both sides: a state dir reached through a symlink must
+                # not make the staged release its own `previous` (that would lose the rollback target).
                 live = os.path.realpath(current)
-                if live != instance["release_dir"]:
+                if live != os.path.realpath(instance["release_dir"]):
                     previous = os.path.join(instance["state_dir"], "previous")
                     if ensure_link(previous, live, check_mode, root):
                         changed_paths.append(previous)
@@ -278,7 +280,8 @@ def activate(instances, env, secrets, changing, check_mode, owner=None, secrets_
 
 def scratch(instances, env, secrets, owner=None):
     """Write each instance's candidate into its scratch directory (root only, 0700): the unit (0644,
-    under its unit name), the env file, the secrets file when it has keys and argv.json (0600). These
+    under its unit name), the env file, the secrets file when it has keys (removed when it has none)
+    and argv.json (0600). These
     files are only read by the checks of the release (nothing runs from them), so writing them is
     never a change. Returns the paths rewritten."""
     written = []
@@ -290,6 +293,9 @@ def scratch(instances, env, secrets, owner=None):
         secrets_text = secrets.get(name, "") or ""
         if secrets_text:
             files.append(("secrets.yaml", secrets_text, FILE_MODE))
+        elif remove_file(os.path.join(directory, "secrets.yaml"), False):
+            # The keys were removed from the instance: no copy of the old ones stays behind.
+            written.append(os.path.join(directory, "secrets.yaml"))
         for file_name, content, mode in files:
             path = os.path.join(directory, file_name)
             if ensure_file(path, content, False, owner, mode):

@@ -234,6 +234,23 @@ def test_activate_moves_current_to_previous_only_for_a_changing_instance(tmp_pat
     assert os.readlink(state / "previous") == old["release_dir"]
 
 
+def test_a_state_dir_reached_through_a_symlink_keeps_its_rollback_target(tmp_path):
+    """/var/lib may be a symlink on a host: the same release activated again (its env changed) must not
+    become its own `previous`; the release before it stays the rollback target."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    old = _active(tmp_path / "link", release="aaaaaaaaaaaa", unit="[Unit]\nold\n")
+    release.activate([old], {"main": "A=1\n"}, {}, ["main"], check_mode=False)
+    new = _active(tmp_path / "link", release="bbbbbbbbbbbb")
+    release.activate([new], {"main": "A=1\n"}, {}, ["main"], check_mode=False)
+    state = Path(new["state_dir"])
+    assert os.path.realpath(state / "previous") == os.path.realpath(old["release_dir"])
+    out = release.activate([new], {"main": "A=2\n"}, {}, ["main"], check_mode=False)
+    assert out["restart"] == ["main"]
+    assert os.path.realpath(state / "previous") == os.path.realpath(old["release_dir"])
+    assert os.readlink(state / "current") == new["release_dir"]
+
+
 def test_activate_adopts_a_unit_the_role_did_not_install(tmp_path):
     inst = _active(tmp_path)
     _live(inst, "[Unit]\nhand-made\n", "B=2\n")
@@ -293,6 +310,11 @@ def test_the_module_activates_through_ansible_with_a_truthful_diff(tmp_path):
     assert Path(inst["unit_path"]).read_text() == inst["unit"]
     for out in (checked, done):
         assert "sk-test-5e1f0c9a77" not in out.stdout + out.stderr
+    if os.geteuid() == 0:  # the group is looked up only when the module sets owners (as root)
+        nogroup = _ansible(tmp_path, {**args, "service_group": "no-such-group-x9"})
+        assert nogroup.returncode != 0
+        assert "service_group 'no-such-group-x9' is not a group on this host" in nogroup.stdout, nogroup.stdout
+        assert Path(inst["unit_path"]).read_text() == inst["unit"]  # nothing was touched
     missing = _ansible(tmp_path, {"state": "active", "instances": [_instance(tmp_path)]})
     assert missing.returncode != 0
     assert "state=active needs state_dir, releases_dir, unit_name, bind, port" in missing.stdout, missing.stdout
@@ -325,6 +347,9 @@ def test_scratch_writes_the_candidate_for_the_checks_also_in_check_mode(tmp_path
     assert {_mode(str(staging / n)) for n in ("argv.json", "main.env", "secrets.yaml")} == {0o600}
     assert len(written) == 4
     assert release.scratch([inst], {"main": "A=1\n"}, {"main": SECRET}) == []
+    # The keys removed from the instance: the scratch copy of the old ones goes too.
+    assert release.scratch([inst], {"main": "A=1\n"}, {}) == [str(staging / "secrets.yaml")]
+    assert not (staging / "secrets.yaml").exists()
     out = _ansible(tmp_path, {"state": "scratch", "instances": [{**inst, "unit": "[Unit]\nchanged\n"}]}, "--check")
     assert out.returncode == 0, out.stdout
     assert "CHANGED" not in out.stdout  # scratch files are never a change
