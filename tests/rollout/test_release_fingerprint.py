@@ -149,3 +149,50 @@ def test_phase_outputs_are_recorded_only_for_phases_whose_facts_are_all_known():
     assert module.rollout_phase_outputs(facts, wanted) == {"rocm": {"rocm_release_id": "distro-1a2b"}}
     failing = Templating({"rocm_release_id": "x"}, failing={"rocm_release_id"})
     assert module.rollout_phase_outputs(failing, wanted) == {}
+
+
+def test_the_rocm_phase_reads_only_what_makes_gpus_visible_of_the_services_environment(project):
+    """The ROCm phase's GPU check reads the service's environment and instances (rocm_gpu_environment,
+    rocm_gpu_instances default to them), but only their GPU masks, names and TP sizes: any other change
+    leaves every install phase as it was; a mask or a TP size runs all three again."""
+    instances = [{"name": "main", "port": 30000, "environment": {"HIP_VISIBLE_DEVICES": "0,1", "HF_HOME": "/a"},
+                  "args": {"--tp-size": 2, "--context-length": 131072}}]
+    base = {"rocm_version": "7.2.1", "sglang_service_environment": {"OMP_NUM_THREADS": "8"},
+            "sglang_service_instances": instances}
+    first = phases(project, base)
+    same = [
+        {**base, "sglang_service_environment": {"OMP_NUM_THREADS": "16", "SGLANG_LOG_LEVEL": "debug"}},
+        {**base, "sglang_service_instances": [{**instances[0], "port": 30001,
+                                               "environment": {"HIP_VISIBLE_DEVICES": "0,1", "HF_HOME": "/b"},
+                                               "args": {"--tp-size": 2, "--context-length": 65536}}]},
+    ]
+    for host_vars in same:
+        assert phases(project, host_vars) == first, host_vars
+    changed = [
+        {**base, "sglang_service_environment": {"OMP_NUM_THREADS": "8", "ROCR_VISIBLE_DEVICES": "0"}},
+        {**base, "sglang_service_instances": [{**instances[0], "environment": {"HIP_VISIBLE_DEVICES": "1,0"}}]},
+        {**base, "sglang_service_instances": [{**instances[0], "args": {"--tp-size": 1}}]},
+        {**base, "sglang_service_instances": [{**instances[0], "name": "second"}]},
+        {**base, "sglang_service_instances": [*instances, {"name": "b", "environment": {"HIP_VISIBLE_DEVICES": "2"}}]},
+    ]
+    for host_vars in changed:
+        now = phases(project, host_vars)
+        assert all(now[p] != first[p] for p in first), host_vars
+
+
+def test_a_service_environment_that_cannot_be_templated_yet_counts_whole_in_the_rocm_phase(project):
+    base = {"rocm_version": "7.2.1", "sglang_service_environment": "{{ lookup('env', 'X') }}"}
+    module = load("roles/rollout/filter_plugins/rollout_converged.py")
+    toolkit = module.rollout_release_toolkit(str(project))
+
+    def rocm(raw_text: str) -> str:
+        raw = {**base, "sglang_service_environment": raw_text}
+        return module.rollout_phase_fingerprints(Templating(raw, {"sglang_service_environment"}), raw, toolkit)["rocm"]
+
+    assert rocm("{{ env_a }}") != rocm("{{ env_b }}")
+
+
+def test_the_gpu_visibility_keys_are_those_the_rocm_gpu_check_reads():
+    converged = load("roles/rollout/filter_plugins/rollout_converged.py")
+    rocm = load("roles/rocm/filter_plugins/rocm.py")
+    assert set(converged.GPU_VISIBILITY_KEYS) == {"HIP_VISIBLE_DEVICES", *rocm._OTHER_MASKS}

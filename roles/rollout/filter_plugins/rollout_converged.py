@@ -21,6 +21,11 @@ its playbook mention (its own role's options, and those of other roles it reads)
 value names, the files of its roles and every file of the toolkit outside roles/ (site.yml,
 ansible.cfg, playbooks/, library/, module_utils/, callback_plugins/), and the fingerprint of the
 phase before it: a change in ROCm runs the venv and models phases again too.
+
+A phase may read only a part of an option that belongs to a later phase: the ROCm phase's GPU check
+reads, of the service's environment and instances, only what makes GPUs visible (the device masks,
+each instance's name and TP size). For such options the phase's fingerprint covers that part only
+(PHASE_VIEWS), so a change of the service's environment leaves the install phases out.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ PHASES = (
      ("roles/models", "roles/preflight/tasks/disk.yml", "playbooks/models.yml")),
 )
 SHARED_TREE = tuple(top for top in TREE if top != "roles")
+# The environment variables that decide which GPUs a process sees: the ones the ROCm role's GPU check
+# maps or refuses (roles/rocm/filter_plugins/rocm.py, rocm_gpu_map; tests/rollout compares the two).
+GPU_VISIBILITY_KEYS = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 _tree_digests: dict[str, str] = {}
@@ -125,6 +133,35 @@ def _mentioned(root: str, tops: tuple[str, ...], names: tuple[str, ...]) -> list
     return sorted(name for name in names if name in words)
 
 
+def _gpu_environment(value: Any) -> Any:
+    """Of an environment mapping, the GPU-visibility variables only; anything else as it is."""
+    if not isinstance(value, Mapping):
+        return value
+    return {key: value[key] for key in sorted(value) if key in GPU_VISIBILITY_KEYS}
+
+
+def _gpu_instances(value: Any) -> Any:
+    """Of a list of instances, what the GPU check reads of each: its name, its GPU-visibility
+    variables and its TP size (tp_size, or --tp-size in its args); anything else as it is."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, Mapping) for item in value):
+        return value
+    return [{"name": item.get("name"), "environment": _gpu_environment(item.get("environment") or {}),
+             "tp_size": item.get("tp_size"), "--tp-size": (item.get("args") or {}).get("--tp-size")}
+            for item in value]
+
+
+# {phase: {option: the part of its value the phase reads}} (see the module docstring). A value that
+# could not be templated counts whole, by its raw text.
+PHASE_VIEWS = {
+    "rocm": {
+        "sglang_service_environment": _gpu_environment,
+        "rocm_gpu_environment": _gpu_environment,
+        "sglang_service_instances": _gpu_instances,
+        "rocm_gpu_instances": _gpu_instances,
+    },
+}
+
+
 def _phases(root: str, options: tuple[str, ...]) -> list[dict[str, Any]]:
     phases = []
     for name, files, scanned in PHASES:
@@ -170,17 +207,23 @@ def rollout_phase_fingerprints(host_vars: Mapping[str, Any], raw_vars: Mapping[s
                                toolkit: Mapping[str, Any]) -> dict[str, str]:
     """{phase: fingerprint} for the install phases (see the module docstring), each chained to the one
     before it. Arguments as for rollout_release_fingerprint."""
-    values = _inputs(host_vars, raw_vars, toolkit["options"])
+    raw: set[str] = set()
+    values = _inputs(host_vars, raw_vars, toolkit["options"], raw)
     result: dict[str, str] = {}
     before = ""
     for phase in toolkit["phases"]:
-        mine = {name: values[name] for name in phase["options"] if name in values}
+        views = PHASE_VIEWS.get(phase["name"], {})
+        mine = {name: values[name] if name in raw or name not in views else views[name](values[name])
+                for name in phase["options"] if name in values}
         before = _digest(mine, phase["digest"], before)
         result[phase["name"]] = before
     return result
 
 
-def _inputs(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any], names: Any) -> dict[str, Any]:
+def _inputs(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any], names: Any,
+            raw: set[str] | None = None) -> dict[str, Any]:
+    """{name: templated value} of the options the host sets; a value that cannot be templated counts
+    by its raw text, and its name goes into raw (when given)."""
     inputs: dict[str, Any] = {}
     for name in names:
         if name not in raw_vars:
@@ -190,6 +233,8 @@ def _inputs(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any], names: An
             json.dumps(value, sort_keys=True, default=str)
         except Exception:  # whatever templating raises, the raw text still decides
             value = {"raw": str(raw_vars[name])}
+            if raw is not None:
+                raw.add(name)
         inputs[name] = value
     return inputs
 
