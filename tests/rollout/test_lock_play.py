@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "sk-LOCKTEST-7f3a9c"
+SECRET = "sk-LOCKTEST-7f3a9c"  # noqa: S105 - a test value, to be found in no file
 
 PLAYBOOK = """
 - name: Open a run as playbooks/rollout.yml does
