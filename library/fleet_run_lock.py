@@ -48,9 +48,10 @@ options:
     type: dict
 attributes:
   check_mode:
+    description: O(state=take) and O(state=release) change nothing in check mode.
     support: full
-    details: O(state=take) and O(state=release) change nothing in check mode.
   diff_mode:
+    description: A lock record is run bookkeeping, nothing worth showing as a diff.
     support: none
 """
 
@@ -182,7 +183,7 @@ def take(path, record, expect):
             except OSError as exc:
                 if exc.errno != errno.EEXIST:
                     raise
-                held, _ = read_lock(path)
+                held, _invalid = read_lock(path)
                 if identity(held) != identity(record):
                     raise LockError("another run took the lock meanwhile") from None
         else:
@@ -211,7 +212,7 @@ def take(path, record, expect):
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-    held, _ = read_lock(path)
+    held, _invalid = read_lock(path)
     if identity(held) != identity(record):
         raise LockError("the lock read back is not this run's: another run took it over")
 
