@@ -33,6 +33,16 @@ requirements:
 
 # Tasks of roles/rollout/tasks/unlock.yml whose success means a host's lock was released.
 _UNLOCK_TASK = "Unlock | remove each host's lock if it is this run's"
+# The keys of a lock record that name one run.
+_IDENTITY = ("run_id", "controller_id", "pid", "pid_start")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a run file readable by its owner only (0600), whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
 
 
 class CallbackModule(CallbackBase):
@@ -55,7 +65,9 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_item_on_ok(self, result) -> None:
         if result._task.name == _UNLOCK_TASK and not result._result.get("skipped"):
-            self._released.add(str((result._result.get("item") or {}).get("item")))
+            item = result._result.get("item")
+            # The loop is over host names (an older unlock looped over slurp results: {item: host}).
+            self._released.add(str(item.get("item") if isinstance(item, dict) else item))
 
     def v2_runner_on_unreachable(self, result) -> None:
         if not result._task.ignore_unreachable:
@@ -92,7 +104,7 @@ class CallbackModule(CallbackBase):
         checked = run.get("check_mode") in (True, "True", "true")
         locks = {} if checked else self._release_controller_lock(run, hosts)
         outcome = {"hosts": hosts, "locks": locks}
-        (run_dir / "outcome.json").write_text(json.dumps(outcome, indent=2) + "\n")
+        _write_private(run_dir / "outcome.json", json.dumps(outcome, indent=2) + "\n")
         command = run.get("report_command")
         if not command:
             return
@@ -115,7 +127,10 @@ class CallbackModule(CallbackBase):
         try:
             held = json.loads(path.read_text())
             mine = run.get("lock") or {}
-            if all(held.get(key) == mine.get(key) for key in ("run_id", "controller", "pid")):
+            # Same run: its run id, controller id, pid and the pid's start time (roles/rollout
+            # filter_plugins/rollout_lock.py); a symlink is never followed.
+            same = isinstance(held, dict) and all(held.get(key) == mine.get(key) for key in _IDENTITY)
+            if same and not path.is_symlink():
                 path.unlink()
                 released = True
         except (OSError, ValueError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -248,10 +249,30 @@ def lock_lines(run: dict[str, Any], outcome: dict[str, Any] | None) -> list[str]
     return lines
 
 
+# The keys of a run lock record (roles/rollout/filter_plugins/rollout_lock.py, library/fleet_run_lock.py).
+LOCK_FIELDS = ("owner", "controller", "controller_id", "pid", "pid_start", "run_id", "started", "started_epoch",
+               "playbooks")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a run file readable by its owner only (0600), whatever the umask; a symlink there is
+    replaced, never followed."""
+    if path.is_symlink():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
 def cmd_rollout(run_dir: Path) -> int:
     records = load_host_records(run_dir)
     meta_path = run_dir / "run.json"
     run = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    # Only the lock's record fields: a run.json of an older version kept the command line (with any
+    # -e value) in its lock; it never reaches the report.
+    if isinstance(run.get("lock"), dict):
+        run["lock"] = {key: value for key, value in run["lock"].items() if key in LOCK_FIELDS}
     outcome_path = run_dir / "outcome.json"
     outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else None
     run["verdict"], ended, not_reached = rollout_outcome(run, records, outcome)
@@ -262,8 +283,9 @@ def cmd_rollout(run_dir: Path) -> int:
         key=lambda r: order.get(r.get("host"), r.get("order", 0)),
     )
     rows = [host_row(r) for r in table]
-    (run_dir / "rollout.json").write_text(
-        json.dumps({"run": run, "hosts": records, "unreported": ended, "outcome": outcome}, indent=2) + "\n"
+    write_private(
+        run_dir / "rollout.json",
+        json.dumps({"run": run, "hosts": records, "unreported": ended, "outcome": outcome}, indent=2) + "\n",
     )
     (run_dir / "rollout.md").write_text(rollout_markdown(run, rows, lock_lines(run, outcome)))
     probed = [row for row in rows if row["cold_ttft_ms"] is not None]
