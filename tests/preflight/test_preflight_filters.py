@@ -72,8 +72,9 @@ def test_unique_prefix_and_inline_values_are_accepted():
     assert pf.sglang_argv(["--model-path=/m", "--hicache-si", "2", "--tp=2"], TABLE) == []
 
 
-def test_custom_ranges_replace_the_defaults():
-    assert pf.sglang_argv(["--tp-size", "0"], TABLE, {}) == []
+def test_custom_ranges_add_to_the_defaults_never_replace_them():
+    # Issue 24: preflight_sglang_ranges could switch the built-in ranges off; now both apply.
+    assert pf.sglang_argv(["--tp-size", "0"], TABLE, {}) == ["argument --tp-size: 0 is out of range (must be >= 1)"]
     assert pf.sglang_argv(["--tp-size", "9"], TABLE, {"--tp-size": {"max": 8}}) == [
         "argument --tp-size: 9 is out of range (must be <= 8)"
     ]
@@ -224,7 +225,9 @@ def test_bytes_needed(needed):
 
 @pytest.mark.parametrize("size", ["0", "", "48", "12\n", "1.5", "-3", "ratio"])
 def test_pool_gb_and_ram_pools(size):
-    old_gb = expr("(s | int) * (tp | int) if s is match('^[0-9]+$') else 0", s=size, tp=2)
+    # Full-string match (issue 24): the old `$` took "12\n" for 12; now it is no whole number (refused
+    # by its own check in tasks/service.yml).
+    old_gb = expr("(s | int) * (tp | int) if s is match('^[0-9]+\\\\Z') else 0", s=size, tp=2)
     assert pf.pool_gb(size, 2) == old_gb
     legacy, plan = [{"label": "legacy"}], [{"label": "main: 2 x 48 GB"}]
     old = expr("legacy if s not in ['0', ''] else plan", legacy=legacy, plan=plan, s=size)

@@ -45,9 +45,10 @@ try:
 except ImportError:  # plain-Python use (unit tests without Ansible)
     AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
-_PERCENT = re.compile(r"^([0-9]+)%$")
+# Full-string matches (re.fullmatch): `$` would accept a trailing newline.
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,40}")
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+_PERCENT = re.compile(r"([0-9]+)%")
 _HICACHE_FLAG = re.compile(r"^--(enable-hierarchical-cache|enable-hicache|hicache-)")
 
 # Ranges SGLang's argparse does not check (its resolve step or the server does, on the host, later).
@@ -391,7 +392,7 @@ def mem_available_findings(
 
 # --- SGLang argv against its flag table -------------------------------------------------------------
 def _looks_like_flag(token: str) -> bool:
-    return token.startswith("-") and len(token) > 1 and not _NEGATIVE_NUMBER.match(token)
+    return token.startswith("-") and len(token) > 1 and not _NEGATIVE_NUMBER.fullmatch(token)
 
 
 def _resolve(name: str, flags: Mapping[str, Any], abbrev: bool) -> tuple[str | None, str | None]:
@@ -429,8 +430,9 @@ def _convert(flag: str, kind: str, raw: str, choices: Sequence[Any] | None) -> t
 def _in_range(flag: str, value: Any, rule: Mapping[str, float]) -> str | None:
     try:
         number = float(value)
+        rule = {key: float(rule[key]) for key in ("min", "gt", "max", "lt") if key in rule}
     except (TypeError, ValueError):
-        return None
+        return None  # a bound that is no number is refused with preflight_sglang_ranges itself
     bounds = []
     if "min" in rule and number < rule["min"]:
         bounds.append(f">= {rule['min']:g}")
@@ -513,15 +515,16 @@ def parse_argv(argv: Sequence[Any], table: Mapping[str, Any]) -> tuple[dict[str,
 def sglang_argv(argv: Sequence[Any], table: Mapping[str, Any], ranges: Mapping[str, Any] | None = None) -> list[str]:
     """Errors SGLang's parser would report for argv (argparse's wording), plus out-of-range values."""
     values, errors = parse_argv(argv, table)
-    rules = DEFAULT_RANGES if ranges is None else ranges
-    for flag, value in values.items():
-        rule = rules.get(flag)
-        if rule is None or value is None:
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            error = _in_range(flag, item, rule)
-            if error:
-                errors.append(error)
+    # `ranges` (preflight_sglang_ranges) adds to the built-in table, never replaces it: both apply.
+    for rules in (DEFAULT_RANGES, ranges or {}):
+        for flag, value in values.items():
+            rule = rules.get(flag)
+            if not isinstance(rule, Mapping) or value is None:
+                continue
+            for item in value if isinstance(value, list) else [value]:
+                error = _in_range(flag, item, rule)
+                if error and error not in errors:
+                    errors.append(error)
     return errors
 
 
@@ -562,7 +565,7 @@ def service_findings(
     for name in sorted({n for n in names if names.count(n) > 1}):
         found.append(f"sglang_service_instances: the name {name!r} is used twice; give each instance its own name.")
     for name in names:
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             found.append(
                 f"sglang_service_instances: the name {name!r} is not valid; use lowercase letters, digits, "
                 "'-' and '_' (at most 41 characters)."
@@ -674,7 +677,7 @@ def rollout_findings(settings: Mapping[str, Any]) -> list[str]:
     else:
         for batch in batches:
             count = _whole(batch)
-            percent = _PERCENT.match(str(batch)) if count is None else None
+            percent = _PERCENT.fullmatch(str(batch)) if count is None else None
             if (count is not None and count >= 1) or (percent and 1 <= int(percent.group(1)) <= 100):
                 continue
             found.append(
@@ -759,7 +762,7 @@ def bytes_needed(gb: int, needed: bool) -> int:
 
 def pool_gb(size: str, tp_size: int) -> int:
     """size × tp_size for a whole number of GB (size as text), else 0 (refused by its own check)."""
-    return int(size) * tp_size if re.match(r"^[0-9]+$", size) else 0
+    return int(size) * tp_size if re.fullmatch(r"[0-9]+", size) else 0
 
 
 def ram_pools(plan_pools: list[Any], legacy: list[Any], size: str) -> list[Any]:

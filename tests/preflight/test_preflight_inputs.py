@@ -1,0 +1,320 @@
+"""Issue 24: every input has a type, a range and a charset, checked by preflight before any host changes.
+
+One representative of each class of bad input goes through the REAL playbooks/preflight.yml on
+localhost (one run with all of them: each must be refused, naming its variable, and the key must
+not be shown) and through the filter (roles/preflight/filter_plugins/preflight_inputs.py) directly;
+a good config, and the values of the shipped inventories (demo, example), pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plugins import load
+
+ROOT = Path(__file__).resolve().parents[2]
+pi = load("roles/preflight/filter_plugins/preflight_inputs.py", "preflight_inputs")
+pf = load("roles/preflight/filter_plugins/preflight.py", "preflight_filters_inputs")
+KEY = "s3cr3t-Key-4242"
+INJECT = "\nExecStartPre=+/bin/sh -c id"
+
+BASE = {
+    "sglang_service_model_path": "/srv/models/main",
+    "sglang_service_draft_model_path": "/srv/models/draft",
+    "sglang_service_hicache_enabled": False,
+    "preflight_kernel_accept_unlisted": True,
+    # A port nothing here listens on (the check reads who holds it on this machine).
+    "sglang_service_instances": [{"name": "main", "port": 30987}],
+}
+
+# (class, extra vars, the variable the finding must name). One run of the real playbook takes them all.
+BAD = [
+    ("newline in a device spec", {"sglang_service_device_allow": ["/dev/kfd rw" + INJECT]},
+     "sglang_service_device_allow[0]"),
+    ("newline in the profile name", {"sglang_service_profile": "seed-validated" + INJECT}, "sglang_service_profile"),
+    ("newline in the syscall filter", {"sglang_service_system_call_filter": ["@system-service" + INJECT]},
+     "sglang_service_system_call_filter[0]"),
+    ("IPAddressAllow any", {"sglang_service_ip_address_allow": ["any"]}, "sglang_service_ip_address_allow[0]"),
+    ("a /0 bind prefix", {"sglang_service_ip_address_bind_prefix": 0}, "sglang_service_ip_address_bind_prefix"),
+    ("unit_extra sets User=", {"sglang_service_unit_extra": ["User=root"]}, "sglang_service_unit_extra[0]"),
+    ("read_write_paths /", {"sglang_service_read_write_paths": ["/"]}, "sglang_service_read_write_paths[0]"),
+    ("supplementary group shadow", {"sglang_service_supplementary_groups": ["render", "video", "shadow"]},
+     "sglang_service_supplementary_groups[2]"),
+    ("the service user is root", {"sglang_service_user": "root"}, "sglang_service_user = 'root' is root"),
+    ("the service group is an existing one", {"sglang_service_group": "daemon"}, "sglang_service_group = 'daemon'"),
+    ("--api-key in an instance's args", {"_args": {"--api-key": "x"}},
+     "sglang_service_instances[0].args sets --api-key"),
+    ("a key with a trailing newline", {"sglang_service_api_key": KEY + "\n"}, "sglang_service_api_key contains"),
+    ("a boolean that is none", {"rollout_probe_use_baseline": "flase"}, "rollout_probe_use_baseline"),
+    ("a cached fraction of 1.5", {"rollout_probe_min_cached_fraction": 1.5}, "rollout_probe_min_cached_fraction"),
+    ("a warm/cold ratio of 50", {"rollout_probe_max_warm_cold_ratio": 50}, "rollout_probe_max_warm_cold_ratio"),
+    ("a huge repeat count", {"rollout_probe_repeats": 100000}, "rollout_probe_repeats"),
+    ("a negative memory reserve", {"preflight_memory_reserve_gb": -100}, "preflight_memory_reserve_gb"),
+    ("ranges that would replace the defaults",
+     {"preflight_sglang_ranges": {"--mem-fraction-static": {"gt": -1}}, "_args": {"--mem-fraction-static": "1.5"}},
+     "argument --mem-fraction-static: 1.5 is out of range"),
+    ("a plain-http ROCm key", {"rocm_amd_key_url": "http://repo.invalid/rocm.gpg.key"}, "rocm_amd_key_url"),
+    ("an instance name with a trailing newline", {"_second": {"name": "two\n", "port": 30988}},
+     "sglang_service_instances[1]['name'] contains a control character"),
+]
+
+
+def _extra(rows) -> dict:
+    extra = dict(BASE, ansible_python_interpreter=sys.executable)
+    instance = dict(BASE["sglang_service_instances"][0])
+    second = None
+    for _, values, _ in rows:
+        for key, value in values.items():
+            if key == "_args":
+                instance.setdefault("args", {}).update(value)
+            elif key == "_second":
+                second = value
+            else:
+                extra[key] = value
+    extra["sglang_service_instances"] = [instance] + ([second] if second else [])
+    return extra
+
+
+def _run(tmp_path: Path, extra: dict, inventory: str | None = None, limit: str | None = None):
+    if inventory is None:
+        inventory = str(tmp_path / "hosts.yml")
+        Path(inventory).write_text(
+            "sglang_hosts:\n  hosts:\n    localhost:\n      ansible_connection: local\n", encoding="utf-8"
+        )
+    (tmp_path / "extra.json").write_text(json.dumps(extra), encoding="utf-8")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory",
+               ANSIBLE_NOCOLOR="1")
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", inventory,
+            str(ROOT / "playbooks/preflight.yml"), "-e", "@" + str(tmp_path / "extra.json")]
+    argv += ["--limit", limit] if limit else []
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
+
+
+def _findings(stdout: str) -> list[str]:
+    block = stdout.split("msg: |-", 1)[-1]
+    return re.findall(r"(?m)^\s+\d+\. (.*)$", block)
+
+
+# Findings of this machine, not of the config (a container without systemd as PID 1, its OS, its RAM).
+HOST_ONLY = re.compile(
+    r"init is |unsupported OS |Python .* is older|not enough RAM|SGLang would refuse the HiCache host pools|"
+    r"MemAvailable|has [0-9.]+ GB free|the filesystem at |port [0-9]+ on .* is taken|rocminfo|running kernel|"
+    r"Secure Boot"
+)
+
+
+def _renders(row) -> bool:
+    """False for the rows run apart: a plan that does not render, or an unknown profile (which leaves its
+    instance's argv unchecked, and the ranges row needs it checked)."""
+    return "_second" not in row[1] and "sglang_service_profile" not in row[1]
+
+
+@pytest.fixture(scope="module")
+def bad_run(tmp_path_factory):
+    """Every class whose plan still renders (so the plan's own checks run beside the inputs')."""
+    return _run(tmp_path_factory.mktemp("bad"), _extra([row for row in BAD if _renders(row)]))
+
+
+@pytest.fixture(scope="module")
+def unrenderable_run(tmp_path_factory):
+    """A value that breaks the plan's rendering: still named, with the other inputs' findings."""
+    return _run(tmp_path_factory.mktemp("unrenderable"), _extra([row for row in BAD if not _renders(row)]))
+
+
+@pytest.mark.parametrize(("what", "values", "names"), BAD, ids=[row[0] for row in BAD])
+def test_the_real_preflight_refuses_each_class_naming_its_variable(request, what, values, names):
+    bad_run = request.getfixturevalue("bad_run" if _renders((what, values, names)) else "unrenderable_run")
+    assert bad_run.returncode != 0
+    assert "nothing was changed on any host" in bad_run.stdout, bad_run.stdout[-3000:]
+    findings = _findings(bad_run.stdout)
+    assert any(names in finding for finding in findings), (what, findings)
+
+
+def test_the_real_preflight_never_shows_the_key(bad_run):
+    assert KEY not in bad_run.stdout + bad_run.stderr
+
+
+def test_a_good_config_passes_the_real_preflight(tmp_path):
+    run = _run(tmp_path, dict(BASE, ansible_python_interpreter=sys.executable))
+    findings = [f for f in _findings(run.stdout) if not HOST_ONLY.search(f)] if run.returncode else []
+    assert findings == [], run.stdout[-4000:]
+
+
+@pytest.mark.parametrize("name", ["demo", "example"])
+def test_the_shipped_inventories_pass_the_input_checks(tmp_path, name):
+    inv = json.loads(subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(ROOT / "inventories" / name), "--list"],
+        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")),
+    ).stdout)
+    group = "sglang_hosts"
+    while not inv[group].get("hosts"):  # hosts in a child group
+        group = inv[group]["children"][0]
+    first = inv[group]["hosts"][0]
+    extra = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+             "preflight_kernel_accept_unlisted": True}
+    run = _run(tmp_path, extra, inventory=str(ROOT / "inventories" / name), limit=first)
+    assert "Fail with every finding" in run.stdout or run.returncode == 0, run.stdout[-4000:]
+    findings = [f for f in _findings(run.stdout) if not HOST_ONLY.search(f)] if run.returncode else []
+    assert findings == [], findings
+
+
+# --- the filter directly: each class refused, naming its variable; the defaults pass ------------------
+GOOD_SERVICE = {
+    "walk": {"sglang_service_profile": "seed-validated", "sglang_service_instances": [{"name": "main", "port": 1}]},
+    "profiles": {"seed-validated": {"--tp-size": 2}, "seed-gfx1100": {}},
+    "profile": "seed-validated",
+    "instances": [{"name": "main", "port": 30004, "environment": {"HIP_VISIBLE_DEVICES": "0,1"}}],
+    "hicache_args": {"--hicache-size": 12},
+    "environment": {"sglang_service_environment": {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}},
+    "device_allow": ["/dev/kfd rw", "char-drm rw"],
+    "system_call_filter": ["@system-service", "pidfd_getfd"],
+    "ip_address_allow": ["10.0.0.0/8", "localhost", "fd00::/8"],
+    "ip_address_bind_prefix": 24,
+    "supplementary_groups": ["render", "video"],
+    "read_write_paths": ["/var/lib/sglang/main/cache"],
+    "state_dir": "/var/lib/sglang",
+    "dirs": {"sglang_service_state_dir": "/var/lib/sglang", "sglang_service_config_dir": "/etc/sglang"},
+    "unit_extra": ["CPUAffinity=0-15", "Nice=5"],
+    "unit_extra_unsafe": False,
+    "driver_units": ["modprobe@amdgpu.service"],
+    "rank_interface": "lo",
+    "secrets": {"sglang_service_api_key": "abc-DEF_123", "sglang_service_admin_api_key": ""},
+    "user": "sglang",
+    "group": "sglang",
+    # The role's own account (GECOS marker) and group, as on the molecule and demo hosts.
+    "accounts": "sglang:x:998:998:SGLang service:/var/lib/sglang:/usr/sbin/nologin\n--\nsglang:x:998:\n",
+    "connecting_users": ["root", "deploy"],
+}
+SERVICE_BAD = [
+    ("walk", {"sglang_service_instances": [{"name": "main", "args": {"--served-model-name": "a\nb"}}]},
+     "sglang_service_instances[0]['args']['--served-model-name'] contains a control character"),
+    ("profile", "seed\n", "sglang_service_profile:"),
+    ("profiles", {"bad name": {}}, "sglang_service_profiles (a profile's name)"),
+    ("environment", {"sglang_service_environment": {"A=B\nC": "x"}}, "sglang_service_environment:"),
+    ("device_allow", ["/dev/sda rw"], "sglang_service_device_allow[0]"),
+    ("system_call_filter", ["~@mount"], "sglang_service_system_call_filter[0]"),
+    ("system_call_filter", ["ptrace"], "sglang_service_system_call_filter[0]"),
+    ("ip_address_allow", ["0.0.0.0/0"], "sglang_service_ip_address_allow[0]"),
+    ("ip_address_allow", ["any"], "sglang_service_ip_address_allow[0]"),
+    ("ip_address_bind_prefix", 0, "sglang_service_ip_address_bind_prefix"),
+    ("supplementary_groups", ["render", "docker"], "sglang_service_supplementary_groups[1]"),
+    ("read_write_paths", ["/"], "sglang_service_read_write_paths[0]"),
+    ("read_write_paths", ["/var/lib/sglang/../../etc"], "sglang_service_read_write_paths[0]"),
+    ("dirs", {"sglang_service_state_dir": "/"}, "sglang_service_state_dir = '/'"),
+    ("unit_extra", ["ProtectSystem=no"], "sglang_service_unit_extra[0] sets ProtectSystem="),
+    ("unit_extra", ["ExecStartPre=+/bin/id"], "sglang_service_unit_extra[0] sets ExecStartPre="),
+    ("unit_extra", ["[Unit]"], "sglang_service_unit_extra[0] is not one"),
+    ("driver_units", ["x.service\nExecStartPre=/bin/id"], "sglang_service_driver_units[0]"),
+    ("rank_interface", "lo\n", "sglang_service_rank_interface"),
+    ("instances", [{"name": "main", "args": {"--admin-api-key": "k"}}], "sglang_service_instances[0].args sets"),
+    ("profiles", {"seed-validated": {"--api-key": "k"}}, "sglang_service_profiles['seed-validated'] sets --api-key"),
+    ("hicache_args", {"--config": "/tmp/x.yaml"}, "sglang_service_hicache_args sets --config"),
+    ("secrets", {"sglang_service_api_key": KEY + "\n"}, "sglang_service_api_key contains whitespace"),
+    ("user", "root", "sglang_service_user = 'root' is root"),
+    ("user", "deploy", "is the account Ansible connects as"),
+    ("user", "nobody", "sglang_service_user = 'nobody' is an existing account"),
+    ("user", "sglang\n", "is not a valid account name"),
+    ("group", "shadow", "sglang_service_group = 'shadow' is an existing group"),
+    ("group", "render", "sglang_service_group = 'render' is an existing group"),
+]
+ACCOUNTS = (
+    "sglang:x:998:998:SGLang service:/var/lib/sglang:/usr/sbin/nologin\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n--\nsglang:x:998:\nshadow:x:42:\n"
+    "render:x:105:sglang\n"
+)
+
+
+def _accounts_for(user: str, group: str) -> str:
+    """getent's answer for exactly this user and group (as the task asks it)."""
+    passwd, groups = [], []
+    for line in ACCOUNTS.split("--\n")[0].splitlines():
+        passwd += [line] if line.split(":")[0] == user else []
+    for line in ACCOUNTS.split("--\n")[1].splitlines():
+        groups += [line] if line.split(":")[0] == group else []
+    return "\n".join(passwd) + "\n--\n" + "\n".join(groups) + "\n"
+
+
+def test_the_filter_passes_a_good_service_config():
+    assert pi.service_input_findings(GOOD_SERVICE) == []
+
+
+@pytest.mark.parametrize(("key", "value", "names"), SERVICE_BAD, ids=[f"{r[0]}-{i}" for i, r in enumerate(SERVICE_BAD)])
+def test_the_filter_refuses_each_service_class(key, value, names):
+    inputs = dict(GOOD_SERVICE, **{key: value})
+    inputs["accounts"] = _accounts_for(str(inputs["user"]), str(inputs["group"]))
+    found = pi.service_input_findings(inputs)
+    assert any(names in finding for finding in found), found
+    assert all(KEY not in finding for finding in found)
+
+
+def test_unit_extra_unsafe_is_the_named_override_but_never_for_control_characters():
+    inputs = dict(GOOD_SERVICE, unit_extra=["User=root"], unit_extra_unsafe=True)
+    assert pi.service_input_findings(inputs) == []
+    inputs["unit_extra"] = ["User=root\nExecStartPre=+/bin/id"]
+    assert any("is not one `Directive=value` line" in f for f in pi.service_input_findings(inputs))
+
+
+GOOD_RUN = {
+    "probe": {"rollout_probe_input_len_canary": 128000, "rollout_probe_input_len": "32000",
+              "rollout_probe_repeats": 3, "rollout_probe_max_warm_cold_ratio": 0.2,
+              "rollout_probe_min_cached_fraction": "0.9", "rollout_probe_max_warm_ttft_s": None,
+              "rollout_probe_max_regression": 1.0, "rollout_probe_regression_slack_ms": 250},
+    "booleans": {"rollout_probe_use_baseline": "false", "rollout_fast_path": True},
+    "knobs": {"preflight_memory_reserve_gb": 16, "preflight_expected_gpus": "2"},
+    "ranges": {"--mem-fraction-static": {"lt": 0.95}},
+    "host": "node-1.example.org",
+    "rocm_key_url": "https://repo.radeon.invalid/rocm/rocm.gpg.key",
+    "secrets": {"rollout_router_api_key": ""},
+}
+RUN_BAD = [
+    ("probe", {"rollout_probe_min_cached_fraction": 1.5}, "rollout_probe_min_cached_fraction = 1.5 is out of range"),
+    ("probe", {"rollout_probe_min_host_cached_fraction": -0.1}, "rollout_probe_min_host_cached_fraction"),
+    ("probe", {"rollout_probe_max_warm_cold_ratio": 50}, "rollout_probe_max_warm_cold_ratio = 50"),
+    ("probe", {"rollout_probe_repeats": 10**6}, "rollout_probe_repeats"),
+    ("probe", {"rollout_probe_repeats": "3\n"}, "rollout_probe_repeats = '3\\n' is not a whole number"),
+    ("booleans", {"rollout_probe_use_baseline": "flase"}, "rollout_probe_use_baseline = 'flase' is not a boolean"),
+    ("knobs", {"preflight_memory_reserve_gb": -1}, "preflight_memory_reserve_gb = -1 is out of range"),
+    ("ranges", {"--port": {"min": "x"}}, "preflight_sglang_ranges['--port']"),
+    ("host", "../../etc/x", "the inventory host name '../../etc/x'"),
+    ("host", "node\n", "the inventory host name"),
+    ("rocm_key_url", "http://repo.invalid/rocm.gpg.key", "rocm_amd_key_url"),
+    ("secrets", {"rollout_router_api_key": "a b"}, "rollout_router_api_key contains whitespace"),
+]
+
+
+def test_the_filter_passes_good_run_settings():
+    assert pi.run_input_findings(GOOD_RUN) == []
+
+
+@pytest.mark.parametrize(("key", "value", "names"), RUN_BAD, ids=[f"{r[0]}-{i}" for i, r in enumerate(RUN_BAD)])
+def test_the_filter_refuses_each_run_class(key, value, names):
+    inputs = dict(GOOD_RUN, **{key: value})
+    found = pi.run_input_findings(inputs)
+    assert any(names in finding for finding in found), found
+
+
+def test_a_plain_http_base_url_makes_the_derived_key_url_refused():
+    inputs = dict(GOOD_RUN, rocm_key_url="", rocm_repo_base_url="http://mirror.invalid")
+    assert any("rocm_amd_key_url" in f for f in pi.run_input_findings(inputs))
+
+
+def test_user_ranges_add_to_the_built_in_ones_never_replace_them():
+    table = json.loads((ROOT / "roles/preflight/files/sglang-flags.json").read_text())
+    errors = pf.sglang_argv(["--mem-fraction-static", "1.5"], table, {"--mem-fraction-static": {"gt": -1}})
+    assert any("out of range" in e for e in errors)
+    errors = pf.sglang_argv(["--mem-fraction-static", "0.97"], table, {"--mem-fraction-static": {"lt": 0.95}})
+    assert any("< 0.95" in e for e in errors)
+
+
+def test_names_and_batches_are_full_string_matches():
+    plan = [{"name": "main\n", "unit": "sglang-main.service", "port": 30004, "profile": "p", "profile_known": True}]
+    found = pf.service_findings(plan, [], {}, {"profiles": ["p"]})
+    assert any("is not valid" in f for f in found)
+    found = pf.rollout_findings({"batches": ["25%\n"], "probe": {}})
+    assert any("is not a batch size" in f for f in found)
