@@ -44,7 +44,8 @@ def test_a_redirect_is_a_failure_and_the_key_never_reaches_its_target(params):
         with pytest.raises(RedirectError) as err:
             probe_once(params(url=srv.url, api_key=KEY, ready_timeout=30.0))
         assert target.seen == []
-        assert srv.seen and srv.seen[0][2] == f"Bearer {KEY}"
+        assert srv.seen
+        assert srv.seen[0][2] == f"Bearer {KEY}"
         assert len(srv.seen) == 1, "the health wait went on polling a redirect"
     msg = str(err.value)
     assert "HTTP 307" in msg
@@ -56,11 +57,10 @@ def test_a_redirect_is_a_failure_and_the_key_never_reaches_its_target(params):
 def test_a_redirect_of_any_request_is_not_followed(path):
     with Recorder() as target, HostileServer("redirect", redirect_to=target.url) as srv:
         client = SGLangClient(srv.url, KEY, 10.0)
+        call = ((lambda: client.stream_generate(generate_body([1, 2, 3], 1, 0.0))) if path == "/generate"
+                else (lambda: client.get_json((path,))))
         with pytest.raises(RedirectError, match=r"answered HTTP 307 \(a redirect to http://127\.0\.0\.1"):
-            if path == "/generate":
-                client.stream_generate(generate_body([1, 2, 3], 1, 0.0))
-            else:
-                client.get_json((path,))
+            call()
         assert target.seen == []
 
 
@@ -102,7 +102,8 @@ def test_an_error_body_with_control_characters_is_shown_safe(params):
             probe_once(params(url=srv.url, tier="device"))
     msg = str(err.value)
     assert "answered HTTP 500" in msg
-    assert "boom" in msg and "pwned" in msg  # the text is kept, its controls are not
+    assert "boom" in msg  # the text is kept, its controls are not
+    assert "pwned" in msg
     assert_safe(msg)
 
 
@@ -120,7 +121,8 @@ def test_a_key_with_whitespace_is_refused_naming_the_variable_never_the_value(op
 def test_safe_text_strips_controls_and_keeps_the_words():
     text = safe_text(EVIL_TEXT.encode())
     assert_safe(text)
-    assert "boom" in text and "**bold**" in text
+    assert "boom" in text
+    assert "**bold**" in text
 
 
 def test_ansible_key_with_a_newline_never_reaches_the_result_or_the_progress_file(ansible_run, tmp_path):
