@@ -130,6 +130,39 @@ def event_has_output(event: dict) -> bool:
     return isinstance(meta, dict) and bool(meta.get("completion_tokens"))
 
 
+def _count(value: object, field: str) -> int:
+    """A token count the server reported: a whole number >= 0, or a ProbeError naming the field."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProbeError(f"the server reported {field} = {safe_text(json.dumps(value), 40)}, not a token count "
+                         "(a whole number >= 0); the probe does not gate on it. Is the endpoint an SGLang server?")
+    return value
+
+
+def check_sizes(meta: dict, input_len: int | None = None) -> None:
+    """The token counts of one response's meta_info make sense, or a ProbeError naming the field: no
+    count negative or other than a whole number, cached_tokens at most prompt_tokens (and the prompt
+    sent), each tier's share at most cached_tokens."""
+    prompt = _count(meta.get("prompt_tokens"), "meta_info.prompt_tokens")
+    _count(meta.get("completion_tokens"), "meta_info.completion_tokens")
+    cached = _count(meta.get("cached_tokens"), "meta_info.cached_tokens")
+    if input_len is not None and prompt > input_len:
+        raise ProbeError(f"the server reported meta_info.prompt_tokens {prompt} for a prompt of {input_len} "
+                         "tokens; the probe does not gate on it.")
+    limit = prompt if meta.get("prompt_tokens") is not None else input_len
+    if limit is not None and cached > limit:
+        raise ProbeError(f"the server reported meta_info.cached_tokens {cached}, more than the prompt's {limit} "
+                         "tokens; the probe does not gate on it.")
+    details = meta.get("cached_tokens_details")
+    if isinstance(details, dict):
+        for tier in ("device", "host", "storage"):
+            share = _count(details.get(tier), f"meta_info.cached_tokens_details.{tier}")
+            if share > cached:
+                raise ProbeError(f"the server reported meta_info.cached_tokens_details.{tier} {share}, more than "
+                                 f"meta_info.cached_tokens {cached}; the probe does not gate on it.")
+
+
 def cached_split(meta: dict) -> dict:
     """cached/device/host/storage tokens of one response's meta_info."""
     cached = int(meta.get("cached_tokens") or 0)
@@ -370,8 +403,9 @@ class SGLangClient:
         return {}
 
     def stream_generate(self, body: bytes, need_accounting: bool = True,
-                        on_cut_hint: str = "") -> dict:
-        """POST /generate with stream=true; TTFT from just before sending to the first output event."""
+                        on_cut_hint: str = "", input_len: int | None = None) -> dict:
+        """POST /generate with stream=true; TTFT from just before sending to the first output event.
+        input_len: the prompt's tokens, which no reported count may exceed (check_sizes)."""
         path = "/generate"
         timeout = self.request_timeout
         conn = self._connection(timeout)
@@ -467,6 +501,7 @@ class SGLangClient:
         meta = last_meta or {}
         if need_accounting and "cached_tokens" not in meta:
             raise MissingAccounting("the response carries no meta_info.cached_tokens")
+        check_sizes(meta, input_len)
         split = cached_split(meta)
         return {
             "ttft_s": ttft,

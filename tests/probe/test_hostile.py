@@ -135,3 +135,46 @@ def test_ansible_key_with_a_newline_never_reaches_the_result_or_the_progress_fil
     assert "k3y-value" not in json.dumps(result)
     assert "k3y-value" not in result["_stdout"]
     assert not progress.exists() or "k3y-value" not in progress.read_text()
+
+
+# ---- absurd sizes: the gate never passes on them ------------------------------------------------
+
+
+@pytest.mark.parametrize(("meta", "field"), [
+    ({"cached_tokens": 5000}, "meta_info.cached_tokens 5000, more than the prompt's 512"),
+    ({"prompt_tokens": 10_000_000}, "meta_info.prompt_tokens 10000000 for a prompt of 512"),
+    ({"cached_tokens": 100, "cached_tokens_details": {"device": 0, "host": 400}},
+     "meta_info.cached_tokens_details.host 400, more than meta_info.cached_tokens 100"),
+    ({"cached_tokens": -3}, "meta_info.cached_tokens = -3"),
+    ({"cached_tokens": 10, "cached_tokens_details": {"device": -1, "host": 0}},
+     "meta_info.cached_tokens_details.device = -1"),
+    ({"completion_tokens": "1\x1b[2J"}, r'meta_info.completion_tokens = "1\u001b[2J"'),
+])
+def test_absurd_token_counts_fail_the_probe_naming_the_field(params, meta, field):
+    with HostileServer("sizes", meta=meta) as srv:
+        with pytest.raises(ProbeError) as err:
+            probe_once(params(url=srv.url, input_len=512, tier="device"))
+    assert field in str(err.value)
+    assert_safe(str(err.value))
+
+
+@pytest.mark.parametrize(("info", "field"), [
+    ({"page_size": 4096}, "page_size 4096, larger than the prompt's input_len 512"),
+    ({"page_size": -16}, "page_size = -16"),
+    ({"page_size": 0}, "page_size = 0"),
+    ({"max_total_num_tokens": -1}, "max_total_num_tokens = -1"),
+])
+def test_absurd_server_sizes_fail_before_any_generate(params, info, field):
+    with HostileServer("sizes", info=info) as srv:
+        with pytest.raises(ProbeError, match=field.replace("(", r"\(")) as err:
+            probe_once(params(url=srv.url, input_len=512, tier="device"))
+        assert not any(path == "/generate" for _, path, _ in srv.seen)
+    assert_safe(str(err.value))
+
+
+def test_server_names_with_controls_reach_the_result_safe(params):
+    with HostileServer("evil_names") as srv:
+        result = probe_once(params(url=srv.url, input_len=512, tier="device"))
+    for field in ("model_path", "served_model_name"):
+        assert "boom" in result["server"][field]
+        assert_safe(result["server"][field])
