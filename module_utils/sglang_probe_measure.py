@@ -180,6 +180,7 @@ def extract_server_facts(server_info: dict, model_info: dict) -> dict:
     if isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity < 0:
         raise ProbeError(f"the server reported max_total_num_tokens = {capacity:g}, a negative device capacity; "
                          "the probe does not gate on it.")
+
     def shown(value: object) -> object:  # a server's name, as a report and the terminal may show it
         return safe_text(value, 200) if isinstance(value, str) else value
 
