@@ -8,8 +8,10 @@ import array
 import http.client
 import json
 import random
+import re
 import socket
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -19,6 +21,19 @@ DONE = "[DONE]"
 POLL_INTERVAL_S = 0.5
 CONTROL_TIMEOUT_S = 60.0
 BODY_EXCERPT = 300
+# What a server may make the probe hold in memory: a control response (health, server info, flush),
+# one streamed event (one SSE line), and one whole /generate stream. Over a cap the request fails.
+MAX_BODY_BYTES = 1 << 20
+MAX_EVENT_BYTES = 4 << 20
+MAX_STREAM_BYTES = 256 << 20
+# C0/C1 controls, DEL, and the Unicode line/paragraph separators and bidi overrides: nothing a server
+# sends reaches a message with them (a terminal escape, a CR that rewrites a line, a fake log line).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Which inventory variables feed each key option, for the message that refuses a malformed key.
+KEY_VARIABLES = {
+    "api_key": "sglang_service_api_key or the instance's api_key",
+    "admin_api_key": "sglang_service_admin_api_key or the instance's admin_api_key",
+}
 
 
 class ProbeError(Exception):
@@ -31,6 +46,10 @@ class ConnectError(ProbeError):
 
 class MissingAccounting(ProbeError):
     """A /generate response without meta_info.cached_tokens."""
+
+
+class RedirectError(ProbeError):
+    """The server answered a redirect; it is never followed (the key would go along)."""
 
 
 class HttpStatusError(ProbeError):
@@ -91,11 +110,11 @@ def parse_sse_line(line: bytes) -> Any:
     except ValueError as exc:
         raise ProbeError(
             "the /generate stream carried an event that is not JSON "
-            f"({data[:80]!r}); is the endpoint an SGLang server?"
+            f"({safe_text(data, 80)}); is the endpoint an SGLang server?"
         ) from exc
     if not isinstance(event, dict):
         raise ProbeError(
-            f"the /generate stream carried a non-object event ({data[:80]!r}); is the endpoint an "
+            f"the /generate stream carried a non-object event ({safe_text(data, 80)}); is the endpoint an "
             "SGLang server?"
         )
     return event
@@ -111,6 +130,39 @@ def event_has_output(event: dict) -> bool:
     return isinstance(meta, dict) and bool(meta.get("completion_tokens"))
 
 
+def _count(value: object, field: str) -> int:
+    """A token count the server reported: a whole number >= 0, or a ProbeError naming the field."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProbeError(f"the server reported {field} = {safe_text(json.dumps(value), 40)}, not a token count "
+                         "(a whole number >= 0); the probe does not gate on it. Is the endpoint an SGLang server?")
+    return value
+
+
+def check_sizes(meta: dict, input_len: int | None = None) -> None:
+    """The token counts of one response's meta_info make sense, or a ProbeError naming the field: no
+    count negative or other than a whole number, cached_tokens at most prompt_tokens (and the prompt
+    sent), each tier's share at most cached_tokens."""
+    prompt = _count(meta.get("prompt_tokens"), "meta_info.prompt_tokens")
+    _count(meta.get("completion_tokens"), "meta_info.completion_tokens")
+    cached = _count(meta.get("cached_tokens"), "meta_info.cached_tokens")
+    if input_len is not None and prompt > input_len:
+        raise ProbeError(f"the server reported meta_info.prompt_tokens {prompt} for a prompt of {input_len} "
+                         "tokens; the probe does not gate on it.")
+    limit = prompt if meta.get("prompt_tokens") is not None else input_len
+    if limit is not None and cached > limit:
+        raise ProbeError(f"the server reported meta_info.cached_tokens {cached}, more than the prompt's {limit} "
+                         "tokens; the probe does not gate on it.")
+    details = meta.get("cached_tokens_details")
+    if isinstance(details, dict):
+        for tier in ("device", "host", "storage"):
+            share = _count(details.get(tier), f"meta_info.cached_tokens_details.{tier}")
+            if share > cached:
+                raise ProbeError(f"the server reported meta_info.cached_tokens_details.{tier} {share}, more than "
+                                 f"meta_info.cached_tokens {cached}; the probe does not gate on it.")
+
+
 def cached_split(meta: dict) -> dict:
     """cached/device/host/storage tokens of one response's meta_info."""
     cached = int(meta.get("cached_tokens") or 0)
@@ -124,9 +176,69 @@ def cached_split(meta: dict) -> dict:
     return {"cached_tokens": cached, "device": device, "host": host, "storage": storage}
 
 
+def safe_text(value: object, limit: int = BODY_EXCERPT) -> str:
+    """Text a server sent, made safe to show: bytes decoded, every control character (CR, LF, ESC,
+    NUL, bidi overrides) replaced by a space, runs of spaces collapsed, cut to limit characters."""
+    text = value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+    text = " ".join(_UNSAFE.sub(" ", text).split())
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
 def _excerpt(body: bytes) -> str:
-    text = body.decode("utf-8", "replace").strip().replace("\n", " ")
-    return text[:BODY_EXCERPT] + ("…" if len(text) > BODY_EXCERPT else "")
+    return safe_text(body)
+
+
+def check_key(name: str, key: object) -> None:
+    """Refuse a key that cannot go into an HTTP header as it is, naming the option and the inventory
+    variables it comes from, never the value (a ProbeError's text reaches logs and reports)."""
+    if key is None or key == "":
+        return
+    if not isinstance(key, str) or any(ch.isspace() or not " " < ch < "\x7f" for ch in key):
+        variables = KEY_VARIABLES.get(name, name)
+        raise ProbeError(f"{name} ({variables}) contains whitespace, a line break or a character that is not "
+                         "printable ASCII, so it cannot be sent in the Authorization header (the value is not "
+                         "shown). A key written with `echo key | ansible-vault encrypt_string` ends in a "
+                         "newline: encrypt it with `printf %s key | ansible-vault encrypt_string`.")
+
+
+class _Deadline:
+    """An overall deadline for one request, not only per read: when it passes, the connection's
+    socket is shut down from a timer thread, so a server that drips a byte at a time (headers or
+    body) fails the request in bounded time. expired tells the caller why the read ended."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+        """conn must be connected (conn.connect(), bounded by its own timeout) before."""
+        # The socket itself: http.client drops conn.sock when a response says Connection: close,
+        # while the response goes on reading from it.
+        self.sock = conn.sock
+        self.expired = False
+        self._timer = threading.Timer(max(seconds, 0.001), self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.expired = True
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
+def read_capped(resp: http.client.HTTPResponse, cap: int, where: str) -> bytes:
+    """The whole body, or a ProbeError when it is longer than cap bytes (never more than cap + 1 read)."""
+    data = resp.read(cap + 1)
+    if len(data) > cap:
+        raise ProbeError(f"{where} answered more than {cap} bytes; the probe reads no more (is the endpoint an "
+                         "SGLang server?).")
+    return data
 
 
 def _drain(resp: http.client.HTTPResponse, conn: http.client.HTTPConnection) -> None:
@@ -177,6 +289,8 @@ class SGLangClient:
                  admin_api_key: str | None = None) -> None:
         self.scheme, self.host, self.port, self.prefix = parse_url(url)
         self.url = url.strip().rstrip("/")
+        check_key("api_key", api_key)
+        check_key("admin_api_key", admin_api_key)
         self.api_key = api_key
         # SGLang's --admin-api-key: when set, admin endpoints (/flush_cache) take only this key.
         self.admin_api_key = admin_api_key
@@ -199,6 +313,7 @@ class SGLangClient:
 
     def _status_error(self, method: str, path: str, status: int, reason: str, body: bytes) -> HttpStatusError:
         excerpt = _excerpt(body)
+        reason = safe_text(reason, 80)
         where = f"{method} {self.url}{path}"
         if status in (401, 403):
             if path == "/flush_cache" and self.admin_api_key:
@@ -215,6 +330,17 @@ class SGLangClient:
             msg = f"{where} answered HTTP {status} {reason}: {excerpt or '(empty body)'}"
         return HttpStatusError(msg, status, excerpt)
 
+    def _redirect_error(self, method: str, path: str, resp: http.client.HTTPResponse) -> RedirectError:
+        location = safe_text(resp.getheader("Location") or "", 200)
+        return RedirectError(f"{method} {self.url}{path} answered HTTP {resp.status} (a redirect"
+                             f"{f' to {location}' if location else ''}); the probe follows no redirects and "
+                             "sends its key nowhere else: point url at the SGLang server itself.")
+
+    def _deadline_error(self, method: str, path: str, timeout: float) -> ProbeError:
+        return ProbeError(f"{method} {self.url}{path}: no complete answer within {timeout:g} s (the deadline of "
+                          "the whole request; a server that answers a byte at a time cannot hold the probe "
+                          "longer); raise request_timeout or check the server.")
+
     def _network_error(self, method: str, path: str, exc: BaseException, timeout: float) -> ProbeError:
         where = f"{method} {self.url}{path}"
         if isinstance(exc, ConnectionRefusedError):
@@ -224,7 +350,7 @@ class SGLangClient:
             return ProbeError(f"{where}: no answer within {timeout:g} s; raise request_timeout or check the server.")
         if isinstance(exc, socket.gaierror):
             return ConnectError(f"cannot resolve the host of {self.url} ({exc}); check url.")
-        return ConnectError(f"{where} failed: {type(exc).__name__}: {exc}")
+        return ConnectError(f"{where} failed: {type(exc).__name__}: {safe_text(exc)}")
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 timeout: float | None = None, admin: bool = False) -> tuple[int, bytes]:
@@ -232,13 +358,30 @@ class SGLangClient:
         admin: an admin endpoint, sent with admin_api_key when one is set."""
         timeout = timeout or min(self.request_timeout, CONTROL_TIMEOUT_S)
         conn = self._connection(timeout)
+        headers = self._headers(body is not None, admin)
         try:
             self.requests_sent += 1
-            conn.request(method, self.prefix + path, body=body, headers=self._headers(body is not None, admin))
-            resp = conn.getresponse()
-            data = resp.read()
+            try:
+                conn.connect()
+            except OSError as exc:
+                raise self._network_error(method, path, exc, timeout) from exc
+            deadline = _Deadline(conn, timeout)
+            with deadline:
+                try:
+                    conn.request(method, self.prefix + path, body=body, headers=headers)
+                except ValueError:  # http.client's message would repeat the header, key and all
+                    raise ProbeError(f"{method} {self.url}{path}: a request header was refused (the value is "
+                                     "not shown); check api_key and admin_api_key.") from None
+                resp = conn.getresponse()
+                if 300 <= resp.status < 400:
+                    raise self._redirect_error(method, path, resp)
+                data = read_capped(resp, MAX_BODY_BYTES, f"{method} {self.url}{path}")
+            if deadline.expired:  # a body without a length ends at the shutdown, short and silent
+                raise self._deadline_error(method, path, timeout)
             return resp.status, data
         except (OSError, http.client.HTTPException) as exc:
+            if deadline.expired:
+                raise self._deadline_error(method, path, timeout) from exc
             raise self._network_error(method, path, exc, timeout) from exc
         finally:
             conn.close()
@@ -260,14 +403,16 @@ class SGLangClient:
         return {}
 
     def stream_generate(self, body: bytes, need_accounting: bool = True,
-                        on_cut_hint: str = "") -> dict:
-        """POST /generate with stream=true; TTFT from just before sending to the first output event."""
+                        on_cut_hint: str = "", input_len: int | None = None) -> dict:
+        """POST /generate with stream=true; TTFT from just before sending to the first output event.
+        input_len: the prompt's tokens, which no reported count may exceed (check_sizes)."""
         path = "/generate"
         timeout = self.request_timeout
         conn = self._connection(timeout)
         headers = self._headers(True)
         ttft = None
         events = 0
+        received = 0
         last_meta: dict | None = None
         done = False
         cut: str | None = None
@@ -279,49 +424,66 @@ class SGLangClient:
             except OSError as exc:
                 raise self._network_error("POST", path, exc, timeout) from exc
             t0 = time.perf_counter()
-            try:
-                conn.request("POST", self.prefix + path, body=body, headers=headers)
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException) as exc:
-                raise self._network_error("POST", path, exc, timeout) from exc
-            if resp.status != 200:
+            deadline = _Deadline(conn, timeout)
+            with deadline:
                 try:
-                    data = resp.read(64 * 1024)
-                except (OSError, http.client.HTTPException):
-                    data = b""
-                raise self._status_error("POST", path, resp.status, resp.reason, data)
-            deadline = t0 + timeout
-            while True:
-                try:
-                    line = resp.readline()
-                except TimeoutError as exc:
-                    raise self._network_error("POST", path, exc, timeout) from exc
+                    conn.request("POST", self.prefix + path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                except ValueError:  # http.client's message would repeat the header, key and all
+                    raise ProbeError(f"POST {self.url}{path}: a request header was refused (the value is not "
+                                     "shown); check api_key.") from None
                 except (OSError, http.client.HTTPException) as exc:
-                    cut = f"{type(exc).__name__}: {exc}"
-                    break
-                now = time.perf_counter()
-                if not line:
-                    break
-                if now > deadline:
-                    raise ProbeError(f"POST {self.url}{path} streamed for more than request_timeout "
-                                     f"{timeout:g} s; raise request_timeout.")
-                event = parse_sse_line(line)
-                if event is None:
-                    continue
-                t_last = now
-                if event == DONE:
-                    done = True
-                    _drain(resp, conn)
-                    break
-                events += 1
-                if "error" in event and not event_has_output(event):
-                    raise ProbeError(f"POST {self.url}{path} reported an error mid-stream: "
-                                     f"{_excerpt(json.dumps(event['error']).encode())}")
-                meta = event.get("meta_info")
-                if isinstance(meta, dict):
-                    last_meta = meta
-                if ttft is None and event_has_output(event):
-                    ttft = now - t0
+                    if deadline.expired:
+                        raise self._deadline_error("POST", path, timeout) from exc
+                    raise self._network_error("POST", path, exc, timeout) from exc
+                if 300 <= resp.status < 400:
+                    raise self._redirect_error("POST", path, resp)
+                if resp.status != 200:
+                    try:
+                        data = resp.read(64 * 1024)
+                    except (OSError, http.client.HTTPException):
+                        data = b""
+                    raise self._status_error("POST", path, resp.status, resp.reason, data)
+                while True:
+                    try:
+                        line = resp.readline(MAX_EVENT_BYTES + 1)
+                    except TimeoutError as exc:
+                        raise self._network_error("POST", path, exc, timeout) from exc
+                    except (OSError, http.client.HTTPException) as exc:
+                        if deadline.expired:
+                            raise self._deadline_error("POST", path, timeout) from exc
+                        cut = f"{type(exc).__name__}: {safe_text(exc)}"
+                        break
+                    if deadline.expired:
+                        raise self._deadline_error("POST", path, timeout)
+                    now = time.perf_counter()
+                    if not line:
+                        break
+                    received += len(line)
+                    if len(line) > MAX_EVENT_BYTES:
+                        raise ProbeError(f"POST {self.url}{path} streamed an event of more than {MAX_EVENT_BYTES} "
+                                         "bytes; the probe reads no more (is the endpoint an SGLang server?).")
+                    if received > MAX_STREAM_BYTES:
+                        raise ProbeError(f"POST {self.url}{path} streamed more than {MAX_STREAM_BYTES} bytes; the "
+                                         "probe reads no more (lower the output lengths, or is the endpoint an "
+                                         "SGLang server?).")
+                    event = parse_sse_line(line)
+                    if event is None:
+                        continue
+                    t_last = now
+                    if event == DONE:
+                        done = True
+                        _drain(resp, conn)
+                        break
+                    events += 1
+                    if "error" in event and not event_has_output(event):
+                        raise ProbeError(f"POST {self.url}{path} reported an error mid-stream: "
+                                         f"{_excerpt(json.dumps(event['error']).encode())}")
+                    meta = event.get("meta_info")
+                    if isinstance(meta, dict):
+                        last_meta = meta
+                    if ttft is None and event_has_output(event):
+                        ttft = now - t0
         finally:
             conn.close()
         finished = done or bool(last_meta and last_meta.get("finish_reason") is not None)
@@ -339,6 +501,7 @@ class SGLangClient:
         meta = last_meta or {}
         if need_accounting and "cached_tokens" not in meta:
             raise MissingAccounting("the response carries no meta_info.cached_tokens")
+        check_sizes(meta, input_len)
         split = cached_split(meta)
         return {
             "ttft_s": ttft,
@@ -373,6 +536,8 @@ def wait_until_healthy(client: SGLangClient, ready_timeout: float,
         except ConnectError as exc:
             last = str(exc)
             refused = True
+        except RedirectError:
+            raise
         except ProbeError as exc:
             last = str(exc)
             refused = False

@@ -19,6 +19,7 @@ from ansible.module_utils.sglang_probe_client import (
     flush_cache,
     generate_body,
     generate_ids,
+    safe_text,
     wait_until_healthy,
 )
 
@@ -171,13 +172,23 @@ def extract_server_facts(server_info: dict, model_info: dict) -> dict:
         for k, v in sorted(server_info.items())
         if k.startswith("hicache_") and (v is None or isinstance(v, (str, int, float, bool)))
     }
+    hicache_args = {safe_text(k, 80): safe_text(v, 200) if isinstance(v, str) else v for k, v in hicache_args.items()}
     page_size = server_info.get("page_size")
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise ProbeError(f"the server reported page_size = {safe_text(json.dumps(page_size), 40)}, not a page size "
+                         "in tokens (a whole number >= 1); the probe does not gate on it.")
+    if isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity < 0:
+        raise ProbeError(f"the server reported max_total_num_tokens = {capacity:g}, a negative device capacity; "
+                         "the probe does not gate on it.")
+
+    def shown(value: object) -> object:  # a server's name, as a report and the terminal may show it
+        return safe_text(value, 200) if isinstance(value, str) else value
+
     return {
-        "version": server_info.get("version"),
-        "model_path": model_info.get("model_path") or server_info.get("model_path"),
-        "served_model_name": model_info.get("served_model_name")
-        or server_info.get("served_model_name"),
-        "page_size": int(page_size) if isinstance(page_size, int) and page_size > 0 else 1,
+        "version": shown(server_info.get("version")),
+        "model_path": shown(model_info.get("model_path") or server_info.get("model_path")),
+        "served_model_name": shown(model_info.get("served_model_name") or server_info.get("served_model_name")),
+        "page_size": page_size or 1,
         "max_total_num_tokens": int(capacity) if isinstance(capacity, (int, float)) else None,
         "max_req_input_len": server_info.get("max_req_input_len"),
         "context_length": server_info.get("context_length"),
@@ -326,6 +337,10 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
     facts["vocab_size_source"] = vocab_source
     facts["waited_for_health_s"] = round(waited, 3)
     result["server"] = facts
+    if facts["page_size"] > p["input_len"]:
+        raise ProbeError(f"the server reported page_size {facts['page_size']}, larger than the prompt's input_len "
+                         f"{p['input_len']} tokens: no page of the prompt could be cached, and a gate on that "
+                         "passes on nothing. Raise input_len or check the server's --page-size.")
     limit = facts.get("max_req_input_len")
     if isinstance(limit, int) and limit > 0 and p["input_len"] > limit:
         raise ProbeError(f"input_len {p['input_len']} exceeds the server's max_req_input_len {limit}; lower "
@@ -345,7 +360,7 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
 
     def timed(body: bytes) -> dict:
         try:
-            return client.stream_generate(body)
+            return client.stream_generate(body, input_len=p["input_len"])
         except MissingAccounting:
             raise ProbeError(missing_accounting_message(client, facts)) from None
 

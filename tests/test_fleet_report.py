@@ -1,6 +1,7 @@
 """The rollout report and the A/B table say what the probe measured, host by host."""
 
 import json
+import re
 from pathlib import Path
 
 from plugins import load
@@ -180,3 +181,43 @@ def test_a_host_found_on_an_unvalidated_release_passes_with_a_note(tmp_path):
     assert "verdict: **every host passed or was already validated**" in md
     assert "| demo-2 | passed |" in md
     assert f"- **demo-2**: {note}" in md.split("## Notes")[1]
+
+
+# ---- issue 24: text from a hostile server reaches the report and the terminal safe ----------------
+
+EVIL = "boom\r\x1b[2J\x1b]0;pwned\x07 | cell | **bold** [link](http://evil.example/) <b>x</b>\n# heading\u202e"
+
+
+def test_server_text_reaches_rollout_md_and_the_terminal_without_controls_or_markup(tmp_path, capsys):
+    records = passed_then_rolled_back(note=EVIL, router=[f"left worker {EVIL}"])
+    records[1]["probe"]["gate"]["reasons"] = [f"POST /generate answered HTTP 500: {EVIL}"]
+    records[1]["verdict"] = EVIL
+    write_run(tmp_path, records)
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    md = (tmp_path / "rollout.md").read_text()
+    shown = capsys.readouterr().out
+    for text in (md, shown):
+        assert "\x1b" not in text
+        assert "\r" not in text
+        assert "\u202e" not in text
+        assert "boom" in text
+        assert "pwned" in text
+        assert "[link](" not in text
+        assert "**bold**" not in text
+        assert not re.search(r"(?<!\\)<b>", text)
+        assert "\n# heading" not in text
+    # The table keeps its columns: the verdict's | is escaped in its cell.
+    row = next(line for line in md.splitlines() if line.startswith("| demo-2 |"))
+    assert row.count("|") - row.count("\\|") == 10
+    report = json.loads((tmp_path / "rollout.json").read_text())
+    assert "boom" in json.dumps(report)
+
+
+def test_ab_table_escapes_the_model_and_case_names(tmp_path):
+    record = {"host": "demo-1", "cases": [{"name": EVIL, "median_ttft_ms": 1.0}],
+              "release": {"config_hash": "c" * 64, "python": "/x", "model": "m`]" + EVIL}, "config_hashes": {}}
+    table = ab_table(tmp_path, record)
+    assert "\x1b" not in table
+    row = next(line for line in table.splitlines() if line.startswith("| boom"))
+    assert "[link](" not in row
+    assert "m']" in table  # the model's backtick cannot end its code span

@@ -104,3 +104,50 @@ def test_install_source_and_pip_argv(wheelhouse):
                " + (['--no-index', '--find-links', root ~ '/wheelhouse'] if w | length > 0 else [])"
                " + ['-r', root ~ '/requirements.txt']", venv="/opt/r/venv", root="/opt/r", w=wheelhouse)
     assert ROUTER.router_pip_argv("/opt/r/venv", "/opt/r", wheelhouse) == old
+
+
+# ---- issue 24: router-supplied worker ids, and polls that say nothing ------------------------------
+
+ROLLOUT = _load(ROOT / "roles" / "rollout" / "filter_plugins" / "rollout.py")
+
+
+@pytest.mark.parametrize("url_of", [ROUTER.router_worker_url, ROLLOUT.rollout_router_worker_url])
+def test_worker_ids_are_escaped_whole_in_urls(url_of):
+    assert url_of("http://r:30000/", "abc-1") == "http://r:30000/workers/abc-1"
+    hostile = url_of("http://r:30000", "../../admin?x=1#y /z\r\n")
+    assert hostile == "http://r:30000/workers/..%2F..%2Fadmin%3Fx%3D1%23y%20%2Fz%0D%0A"
+
+
+URLS = ["http://h:30004", "http://h:30005"]
+
+
+@pytest.mark.parametrize("poll", [
+    {"status": 503, "json": {"workers": []}},
+    {"status": 500},
+    {"status": 302, "json": {"workers": []}},
+    {"status": 200, "json": {"workers": "none"}},
+    {"status": 200, "json": {"workers": {"url": "http://h:30004"}}},
+    {"status": 200, "json": ["http://h:30004"]},
+    {"status": -1, "msg": "connection refused"},
+    None,
+])
+def test_a_poll_that_is_no_200_with_a_list_is_never_gone_nor_healthy(poll):
+    assert ROLLOUT.rollout_router_seen(poll, "gone", URLS) == URLS
+    assert ROLLOUT.rollout_router_seen(poll, "healthy", URLS) == []
+
+
+def test_a_200_with_a_list_says_what_is_listed_and_healthy():
+    poll = {"status": 200, "json": {"workers": [{"url": "http://h:30004", "is_healthy": False},
+                                                {"url": "http://h:30005", "is_healthy": True},
+                                                "junk", {"url": "http://other:1", "is_healthy": True}]}}
+    assert ROLLOUT.rollout_router_seen(poll, "gone", URLS) == URLS
+    assert ROLLOUT.rollout_router_seen(poll, "healthy", URLS) == ["http://h:30005"]
+    assert ROLLOUT.rollout_router_seen({"status": 200, "json": {"workers": []}}, "gone", URLS) == []
+
+
+def test_the_old_wait_expression_took_a_5xx_for_gone():
+    """What the filter replaced: the Jinja of roles/rollout/vars/main.yml before issue 24."""
+    old = ("(poll.json.workers | default([]) | selectattr('url', 'in', urls) | list if wait_for == 'gone' "
+           "else []) | map(attribute='url') | list")
+    assert expr(old, poll={"status": 503, "json": {}}, urls=URLS, wait_for="gone") == []
+    assert ROLLOUT.rollout_router_seen({"status": 503, "json": {}}, "gone", URLS) == URLS

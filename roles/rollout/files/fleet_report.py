@@ -20,9 +20,38 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
+
+# Text from a server or a host (error bodies, gate reasons, worker ids, model names) reaches the
+# Markdown report and the terminal: control characters (CR, ESC, NUL, bidi overrides) become spaces,
+# and Markdown's and HTML's specials are escaped, so it reads as the text it is.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Markdown's specials where they would make markup: backslash, backtick, *, [ ], ~ anywhere; _ at a
+# word's edge (snake_case names stay readable); < before what would open an HTML tag; | in table cells.
+_MD_SPECIAL = re.compile(r"([\\`*\[\]~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|<(?=[A-Za-z/!?]))")
+
+
+def plain(value: Any) -> str:
+    """value as one line of text without control characters."""
+    return " ".join(_UNSAFE.sub(" ", str(value)).split())
+
+
+def md(value: Any, cell: bool = False) -> str:
+    """value as Markdown text that shows its characters (no control characters, no markup); cell:
+    for a table cell (| escaped too)."""
+    text = _MD_SPECIAL.sub(r"\\\1", plain(value))
+    if text[:1] in ("#", ">", "-", "+", "="):
+        text = "\\" + text
+    return text.replace("|", "\\|") if cell else text
+
+
+def code(value: Any) -> str:
+    """value for inside a `code span`: no control characters, no backtick to end the span."""
+    return plain(value).replace("`", "'")
+
 
 VERDICT_ORDER = {"failed": 0, "rolled back": 0, "passed": 1, "unchanged": 2}
 
@@ -80,13 +109,13 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
 
 def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: list[str] | None = None) -> str:
     lines = [
-        f"# hicache-fleet rollout {run.get('run_id', '')}",
+        f"# hicache-fleet rollout {md(run.get('run_id', ''))}",
         "",
-        f"Inventory: `{run.get('inventory', '?')}` · hosts reported: "
+        f"Inventory: `{code(run.get('inventory', '?'))}` · hosts reported: "
         f"{sum(row['verdict'] not in ('not reached', 'unreachable') for row in rows)} · "
-        f"verdict: **{run.get('verdict', '?')}**",
+        f"verdict: **{md(run.get('verdict', '?'))}**",
         "",
-        *([f"> {run['note']}", ""] if run.get("note") else []),
+        *([f"> {md(run['note'])}", ""] if run.get("note") else []),
         "Each host was probed like the field report's A/B: a cold read of random token ids after "
         "flushing the cache, then the same prefix again (for the host tier, after pushing it out of "
         "GPU memory). A host passes when the warm read is fast and the server reports the tokens as "
@@ -99,22 +128,22 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
         speed = "–" if row["speedup"] is None else f"{float(row['speedup']):.1f}×"
         ratio = "–" if row["warm_cold_ratio"] is None else f"{float(row['warm_cold_ratio']):.4f}"
         lines.append(
-            f"| {row['host']} | {row['verdict']} | {_ms(row['cold_ttft_ms'])} | "
-            f"{_ms(row['warm_ttft_ms'])} ({row['warm_tier'] or '–'}) | {ratio} | {speed} | "
-            f"{_pct(row['cached_fraction'])} | {_pct(row['host_cached_fraction'])} | `{row['config_hash']}` |"
+            f"| {md(row['host'], True)} | {md(row['verdict'], True)} | {_ms(row['cold_ttft_ms'])} | "
+            f"{_ms(row['warm_ttft_ms'])} ({md(row['warm_tier'] or '–', True)}) | {ratio} | {speed} | "
+            f"{_pct(row['cached_fraction'])} | {_pct(row['host_cached_fraction'])} | `{code(row['config_hash'])}` |"
         )
     problems = [row for row in rows if row["reasons"] or row["note"]]
     if problems:
         lines += ["", "## Notes", ""]
         for row in problems:
             for reason in row["reasons"]:
-                lines.append(f"- **{row['host']}**: {reason}")
+                lines.append(f"- **{md(row['host'])}**: {md(reason)}")
             if row["note"]:
-                lines.append(f"- **{row['host']}**: {row['note']}")
+                lines.append(f"- **{md(row['host'])}**: {md(row['note'])}")
     moves = [row for row in rows if row["router"]]
     if moves:
         lines += ["", "## Router rotation", ""]
-        lines += [f"- **{row['host']}**: " + "; ".join(row["router"]) for row in moves]
+        lines += [f"- **{md(row['host'])}**: " + "; ".join(md(move) for move in row["router"]) for row in moves]
     if locks:
         lines += ["", "## Run lock", "", *locks]
     return "\n".join(lines) + "\n"
@@ -238,13 +267,13 @@ def rollout_outcome(
 
 def lock_lines(run: dict[str, Any], outcome: dict[str, Any] | None) -> list[str]:
     """What the run lock did: stale locks taken over, locks the run could not release."""
-    lines = [f"- taken over: {warning}" for warning in run.get("lock_warnings") or []]
+    lines = [f"- taken over: {md(warning)}" for warning in run.get("lock_warnings") or []]
     locks = (outcome or {}).get("locks") or {}
     if locks.get("left"):
         lines.append(
-            "- not released (still this run's lock): " + ", ".join(locks["left"]) + ". The next run from "
-            f"{(run.get('lock') or {}).get('controller', 'this controller')} takes them over (this run's pid "
-            "is gone); from another controller, add `-e rollout_lock_break=true`."
+            "- not released (still this run's lock): " + ", ".join(md(host) for host in locks["left"]) + ". The next "
+            f"run from {md((run.get('lock') or {}).get('controller', 'this controller'))} takes them over "
+            "(this run's pid is gone); from another controller, add `-e rollout_lock_break=true`."
         )
     return lines
 
@@ -341,11 +370,11 @@ def _ab_release_lines(record: dict[str, Any]) -> list[str]:
     hashes = {arm: str(value)[:12] for arm, value in (record.get("config_hashes") or {}).items()}
     same = [arm for arm, value in hashes.items() if value == found]
     line = (
-        f"Ran on the release the host served, config `{found}`: python `{release.get('python', '?')}`, "
-        f"model `{release.get('model', '?')}`"
-        + (f", draft `{release['draft']}`" if release.get("draft") else "")
+        f"Ran on the release the host served, config `{code(found)}`: python `{code(release.get('python', '?'))}`, "
+        f"model `{code(release.get('model', '?'))}`"
+        + (f", draft `{code(release['draft'])}`" if release.get("draft") else "")
         + ". Launch configs: "
-        + ", ".join(f"{arm} `{value}`" for arm, value in hashes.items())
+        + ", ".join(f"{md(arm)} `{code(value)}`" for arm, value in hashes.items())
         + (f" ({' and '.join(same)} = the served release)" if same else " (neither is the served release as is)")
         + ". The playbook puts the host back on that release and checks that it serves it."
     )
@@ -357,7 +386,7 @@ def ab_markdown(record: dict[str, Any]) -> str:
     base_cap, _, _ = _capacity_change(cases)
     with_cache = any("cached_fraction" in c for c in cases)
     lines = [
-        f"# HiCache A/B on {record.get('host', '?')}",
+        f"# HiCache A/B on {md(record.get('host', '?'))}",
         "",
         "Launch commands identical except for the HiCache arguments; cold = cache flushed, "
         f"{record.get('input_len', '?')} random input ids; warm = the same ids again. "
@@ -375,7 +404,7 @@ def ab_markdown(record: dict[str, Any]) -> str:
             change = f"{100 * (cap - base_cap) / base_cap:+.1f} %"
         thr = case.get("input_throughput")
         lines.append(
-            f"| {case['name']} | {_ms(case.get('median_ttft_ms'))} | "
+            f"| {md(case['name'], True)} | {_ms(case.get('median_ttft_ms'))} | "
             f"{'–' if thr is None else f'{float(thr):,.0f} tok/s'} | {_ms(case.get('median_e2e_latency_ms'))} | "
             f"{'–' if cap is None else f'{int(cap):,}'} | {change} |" + (f" {_cached(case)} |" if with_cache else "")
         )

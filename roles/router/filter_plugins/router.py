@@ -7,10 +7,12 @@ worker list (plain functions, tested in tests/test_router_filters.py).
 - ``router_install_source(wheelhouse_dir)``: where the venv's packages come from (offline or index).
 - ``router_pip_argv(venv, root, wheelhouse_dir)``: pip's argv that installs the pinned set.
 - ``router_control_plane_keys(key)``: the --control-plane-api-keys value (none without a key).
+- ``router_worker_url(base, id)``: ``<base>/workers/<id>``, the router-supplied id percent-encoded.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,6 +78,11 @@ def router_control_plane_keys(key: Any) -> list[str] | None:
     return [f"hicache-fleet:hicache-fleet:admin:{key}"] if key else None
 
 
+def router_worker_url(base: str, worker_id: Any) -> str:
+    """The router's URL of one worker, the id (which the router supplied) percent-encoded whole."""
+    return f"{str(base).rstrip('/')}/workers/{urllib.parse.quote(str(worker_id), safe='')}"
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -85,4 +92,5 @@ class FilterModule:
             "router_install_source": router_install_source,
             "router_pip_argv": router_pip_argv,
             "router_control_plane_keys": router_control_plane_keys,
+            "router_worker_url": router_worker_url,
         }

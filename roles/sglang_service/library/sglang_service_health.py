@@ -18,6 +18,12 @@ description:
     Gives up (O(gave_up)) when the unit is not loaded, its ActiveState is C(failed) or
     C(inactive), its SubState is C(auto-restart) (the process exited and systemd waits to restart
     it), or its NRestarts grew beyond O(restarts_before).
+  - >-
+    Also gives up, naming the variable to fix, when the health endpoint answers a redirect (never
+    followed: the api key would go along), when the URL carries credentials (a
+    sglang_service_health_path such as C(@host:22/)), or when the api key contains whitespace or a
+    line break (the value is never shown). O(timeout) bounds the whole request, not only each read;
+    no response body is read.
   - Never fails for an unhealthy instance; the caller decides (C(failed_when)). Read-only.
 version_added: "0.2.0"
 author: hicache-fleet
@@ -34,7 +40,7 @@ options:
     description: Sent as C(Authorization) C(Bearer) header when set.
     type: str
   timeout:
-    description: Seconds the health request may take.
+    description: Seconds the whole health request may take (connect, send, status line and headers).
     type: int
     default: 30
   restarts_before:
@@ -90,8 +96,10 @@ msg:
   type: str
 """
 
-import urllib.error
-import urllib.request
+import http.client
+import socket
+import threading
+import urllib.parse
 from collections.abc import Mapping
 
 from ansible.module_utils.basic import AnsibleModule
@@ -144,18 +152,93 @@ def summary(props: Mapping[str, str]) -> str:
     return " ".join(words)
 
 
-def get_status(url: str, api_key: str | None, timeout: int) -> tuple[int, str]:
-    """(HTTP status, a few words); -1 when nothing answered."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(url, headers=headers)
+class Refused(Exception):
+    """Waiting longer cannot help: the URL, the key or the answer is one the poll refuses."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _safe(text: object, limit: int = 200) -> str:
+    """Text from the server or the URL with every control character replaced, cut to limit."""
+    words = "".join(" " if ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" else ch for ch in str(text))
+    words = " ".join(words.split())
+    return words[:limit] + ("…" if len(words) > limit else "")
+
+
+def check_key(api_key: str | None) -> None:
+    """A key that cannot go into a header as it is, refused naming its variables, never its value."""
+    if api_key and any(ch.isspace() or not " " < ch < "\x7f" for ch in api_key):
+        raise Refused(-1, "the api key (sglang_service_api_key or the instance's api_key) contains whitespace, a "
+                          "line break or a character that is not printable ASCII, so it cannot be sent (the value "
+                          "is not shown); a key written with `echo key | ansible-vault encrypt_string` ends in a "
+                          "newline: encrypt it with `printf %s key | ansible-vault encrypt_string`")
+
+
+def split_url(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path) of the health URL; Refused for one that names credentials (a health
+    path like `@other-host:22/` turns the instance's address into them) or is no plain http(s) URL."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            return answer.status, f"HTTP {answer.status}"
-    except urllib.error.HTTPError as err:
-        return err.code, f"HTTP {err.code} {err.reason}"
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        return -1, f"no answer ({reason})"
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
+            or any(ch.isspace() or ord(ch) < 32 for ch in url)):
+        raise Refused(-1, f"the health URL {_safe(url)} is not a plain http(s) URL of the instance (credentials, "
+                          "spaces or no host); sglang_service_health_path must be a path that starts with /")
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
+
+
+def get_status(url: str, api_key: str | None, timeout: int) -> tuple[int, str]:
+    """(HTTP status, a few words); -1 when nothing answered. No redirect is followed (Refused names
+    it), no body is read, and timeout bounds the whole request, not only each read: a server that
+    drips its headers a byte at a time is cut off when it passes."""
+    check_key(api_key)
+    scheme, host, port, path = split_url(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    conn = cls(host, port, timeout=timeout)
+    expired = threading.Event()
+    timer = None
+    try:
+        conn.connect()
+        sock = conn.sock
+
+        def cut() -> None:
+            expired.set()
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        timer = threading.Timer(timeout, cut)
+        timer.daemon = True
+        timer.start()
+        conn.request("GET", path, headers=headers)
+        answer = conn.getresponse()
+        if expired.is_set():  # the cut ends the headers early: what was parsed is no answer
+            return -1, f"no complete answer within {timeout} s"
+        status, reason = answer.status, _safe(answer.reason, 60)
+        if 300 <= status < 400:
+            location = _safe(answer.getheader("Location") or "")
+            raise Refused(status, f"the health endpoint answered HTTP {status}, a redirect"
+                                  f"{f' to {location}' if location else ''}, which is never followed (the api key "
+                                  "would go along); check sglang_service_health_path and what listens on the port")
+        return status, f"HTTP {status}" + (f" {reason}" if status != 200 and reason else "")
+    except (OSError, http.client.HTTPException) as err:
+        if expired.is_set():
+            return -1, f"no complete answer within {timeout} s"
+        return -1, f"no answer ({_safe(err)})"
+    finally:
+        if timer is not None:
+            timer.cancel()
+        conn.close()
 
 
 def main() -> None:
@@ -170,12 +253,16 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    status, said = get_status(params["url"], params["api_key"], params["timeout"])
+    refused = ""
+    try:
+        status, said = get_status(params["url"], params["api_key"], params["timeout"])
+    except Refused as exc:
+        status, said, refused = exc.status, exc.reason, exc.reason
     systemctl = module.get_bin_path("systemctl", required=True)
     rc, out, err = module.run_command([systemctl, "show", "-p", ",".join(PROPERTIES), "--", params["unit"]])
     props = parse_show(out) if rc == 0 else {}
-    healthy = status == 200
-    reason = "" if healthy or rc != 0 else verdict(props, params["restarts_before"])
+    healthy = status == 200 and not refused
+    reason = refused or ("" if healthy or rc != 0 else verdict(props, params["restarts_before"]))
     module.exit_json(
         changed=False,
         status=status,
