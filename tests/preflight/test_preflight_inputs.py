@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,3 +319,16 @@ def test_names_and_batches_are_full_string_matches():
     assert any("is not valid" in f for f in found)
     found = pf.rollout_findings({"batches": ["25%\n"], "probe": {}})
     assert any("is not a batch size" in f for f in found)
+
+
+def test_every_role_that_creates_the_service_user_marks_it_as_preflight_expects():
+    """rocm creates the service user before sglang_service does (rocm_service_users): both must set the
+    GECOS mark preflight knows the toolkit's account by, or the stage's check refuses the account the
+    ROCm phase created a minute earlier."""
+    marker = pi.ACCOUNT_MARKER
+    rocm = yaml.safe_load((ROOT / "roles/rocm/defaults/main.yml").read_text())
+    assert rocm["rocm_service_user_comment"] == marker
+    assert "comment: \"{{ rocm_service_user_comment }}\"" in (ROOT / "roles/rocm/tasks/users.yml").read_text()
+    user_task = yaml.safe_load((ROOT / "roles/sglang_service/tasks/user.yml").read_text())
+    comments = [t["ansible.builtin.user"].get("comment") for t in user_task if "ansible.builtin.user" in t]
+    assert comments == [marker]
