@@ -1,9 +1,17 @@
 """Issue 24: every input has a type, a range and a charset, checked by preflight before any host changes.
 
 One representative of each class of bad input goes through the REAL playbooks/preflight.yml on
-localhost (one run with all of them: each must be refused, naming its variable, and the key must
-not be shown) and through the filter (roles/preflight/filter_plugins/preflight_inputs.py) directly;
-a good config, and the values of the shipped inventories (demo, example), pass."""
+localhost and through the filter (roles/preflight/filter_plugins/preflight_inputs.py) directly: each
+must be refused, naming its variable, and the key must not be shown; a good config, and the values of
+the shipped inventories (demo, example), pass.
+
+One run of the playbook serves the classes whose plan renders and the good config: two inventory
+hosts, both this machine (connection local), each with its own host variables (`bad`: every class
+whose plan still renders; `good`: the good config); each host's findings are read from its own
+failure in the output. The classes whose value breaks the plan's rendering run on their own: with
+ansible-core 2.19, when one host fails inside the plan's include_role, the other hosts of the run go
+through the rescue too and fail there on an undefined ansible_failed_result. The shipped
+inventories bring their own group_vars, so each runs on its own."""
 
 from __future__ import annotations
 
@@ -115,10 +123,24 @@ def _renders(row) -> bool:
     return "_second" not in row[1] and "sglang_service_profile" not in row[1]
 
 
-@pytest.fixture(scope="module")
-def bad_run(tmp_path_factory):
+def _bad_vars() -> dict:
     """Every class whose plan still renders (so the plan's own checks run beside the inputs')."""
-    return _run(tmp_path_factory.mktemp("bad"), _extra([row for row in BAD if _renders(row)]))
+    return _extra([row for row in BAD if _renders(row)])
+
+
+def _good_vars() -> dict:
+    return dict(BASE, ansible_python_interpreter=sys.executable)
+
+
+@pytest.fixture(scope="module")
+def cases_run(tmp_path_factory):
+    """One run of the real playbook with two case hosts, `bad` and `good` (each a connection-local host)."""
+    tmp_path = tmp_path_factory.mktemp("cases")
+    hosts = {name: dict(values, ansible_connection="local")
+             for name, values in (("bad", _bad_vars()), ("good", _good_vars()))}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"sglang_hosts": {"hosts": hosts}}), encoding="utf-8")
+    return _run(tmp_path, {}, inventory=str(inventory))
 
 
 @pytest.fixture(scope="module")
@@ -127,23 +149,54 @@ def unrenderable_run(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("unrenderable"), _extra([row for row in BAD if not _renders(row)]))
 
 
+FAIL_TASK = "TASK [preflight : Fail with every finding on this host]"
+
+
+def _host_outcome(stdout: str, host: str) -> tuple[str, str]:
+    """The host's line and its indented block at the task that fails with every finding: ('fatal', its
+    message), or ('passed', '') when it has no line there (skipped hosts are not shown) and the recap
+    has it with no failure; fails the test when the host never got to that task."""
+    assert FAIL_TASK in stdout, stdout[-4000:]
+    section = stdout.split(FAIL_TASK, 1)[1].split("\nTASK [", 1)[0].split("\nPLAY RECAP", 1)[0]
+    lines = section.splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"^(fatal|skipping|ok): \[([^\]]+)\]", line)
+        if match and match.group(2) == host:
+            block = []
+            for following in lines[i + 1:]:
+                if following and not following[0].isspace():
+                    break
+                block.append(following)
+            return match.group(1), "\n".join(block)
+    recap = re.search(rf"(?m)^{re.escape(host)}\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0\b", stdout)
+    assert recap, f"host {host} did not reach {FAIL_TASK}:\n{stdout[-4000:]}"
+    return "passed", ""
+
+
 @pytest.mark.parametrize(("what", "values", "names"), BAD, ids=[row[0] for row in BAD])
 def test_the_real_preflight_refuses_each_class_naming_its_variable(request, what, values, names):
-    bad_run = request.getfixturevalue("bad_run" if _renders((what, values, names)) else "unrenderable_run")
-    assert bad_run.returncode != 0
-    assert "nothing was changed on any host" in bad_run.stdout, bad_run.stdout[-3000:]
-    findings = _findings(bad_run.stdout)
+    if _renders((what, values, names)):
+        run = request.getfixturevalue("cases_run")
+        status, block = _host_outcome(run.stdout, "bad")
+        assert status == "fatal", run.stdout[-3000:]
+    else:
+        run = request.getfixturevalue("unrenderable_run")
+        block = run.stdout
+    assert run.returncode != 0
+    assert "nothing was changed on any host" in block, block[-3000:]
+    findings = _findings(block)
     assert any(names in finding for finding in findings), (what, findings)
 
 
-def test_the_real_preflight_never_shows_the_key(bad_run):
-    assert KEY not in bad_run.stdout + bad_run.stderr
+def test_the_real_preflight_never_shows_the_key(cases_run, unrenderable_run):
+    for run in (cases_run, unrenderable_run):
+        assert KEY not in run.stdout + run.stderr
 
 
-def test_a_good_config_passes_the_real_preflight(tmp_path):
-    run = _run(tmp_path, dict(BASE, ansible_python_interpreter=sys.executable))
-    findings = [f for f in _findings(run.stdout) if not HOST_ONLY.search(f)] if run.returncode else []
-    assert findings == [], run.stdout[-4000:]
+def test_a_good_config_passes_the_real_preflight(cases_run):
+    status, block = _host_outcome(cases_run.stdout, "good")
+    findings = [f for f in _findings(block) if not HOST_ONLY.search(f)] if status == "fatal" else []
+    assert findings == [], cases_run.stdout[-4000:]
 
 
 @pytest.mark.parametrize("name", ["demo", "example"])

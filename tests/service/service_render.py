@@ -33,16 +33,34 @@ PLAYBOOK = """
 """
 
 
-def run_plan(out: Path, extra_vars: dict) -> Path:
-    """Render the plan (PLAYBOOK) into `out` with the role's model paths and `extra_vars`; `out`."""
-    (out / "render.yml").write_text(PLAYBOOK, encoding="utf-8")
-    extra = {
+def _variables(out: Path, extra_vars: dict) -> dict:
+    return {
         "out": str(out),
         "ansible_python_interpreter": sys.executable,
         "sglang_service_model_path": "/srv/models/main",
         "sglang_service_draft_model_path": "/srv/models/draft",
         **extra_vars,
     }
+
+
+def run_plan(out: Path, extra_vars: dict) -> Path:
+    """Render the plan (PLAYBOOK) into `out` with the role's model paths and `extra_vars`; `out`."""
+    (out / "render.yml").write_text(PLAYBOOK, encoding="utf-8")
+    _play(out, ["-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(_variables(out, extra_vars))])
+    return out
+
+
+def run_plans(work: Path, cases: dict[str, tuple[Path, dict]]) -> None:
+    """One run of the plan for several independent cases: each case an inventory host (connection local,
+    this machine) with its own variables as host variables, rendered into its own `out` directory."""
+    hosts = {name: {**_variables(out, extra_vars), "ansible_connection": "local"}
+             for name, (out, extra_vars) in cases.items()}
+    (work / "hosts.yml").write_text(json.dumps({"all": {"hosts": hosts}}), encoding="utf-8")
+    (work / "render.yml").write_text(PLAYBOOK.replace("- hosts: localhost", "- hosts: all"), encoding="utf-8")
+    _play(work, ["-i", str(work / "hosts.yml"), str(work / "render.yml")])
+
+
+def _play(work: Path, args: list[str]) -> None:
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
@@ -52,8 +70,6 @@ def run_plan(out: Path, extra_vars: dict) -> Path:
     )
     playbook_bin = Path(sys.executable).parent / "ansible-playbook"
     run = subprocess.run(
-        [str(playbook_bin), "-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+        [str(playbook_bin), *args], env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    return out

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from plugins import load
-from service_render import run_plan
+from service_render import run_plans
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "sglang_service"
@@ -34,26 +34,30 @@ INSTANCES = [
 ]
 
 
-def _render(tmp_path_factory, name: str, extra_vars: dict) -> Path:
-    return run_plan(tmp_path_factory.mktemp(name), {"sglang_service_instances": INSTANCES, **extra_vars})
+OFF_VARS = {
+    "sglang_service_driver_units": [],
+    "sglang_service_hf_hub_offline": False,
+    "sglang_service_rank_interface": "",
+}
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> Path:
-    return _render(tmp_path_factory, "gpu-defaults", {})
+def renders(tmp_path_factory) -> dict[str, Path]:
+    """Both plans in one Ansible run: `defaults` (the role's knobs) and `off` (the knobs emptied)."""
+    cases = {"defaults": (tmp_path_factory.mktemp("gpu-defaults"), {"sglang_service_instances": INSTANCES}),
+             "off": (tmp_path_factory.mktemp("gpu-off"), {"sglang_service_instances": INSTANCES, **OFF_VARS})}
+    run_plans(tmp_path_factory.mktemp("gpu-run"), cases)
+    return {name: out for name, (out, _) in cases.items()}
 
 
 @pytest.fixture(scope="module")
-def rendered_off(tmp_path_factory) -> Path:
-    return _render(
-        tmp_path_factory,
-        "gpu-off",
-        {
-            "sglang_service_driver_units": [],
-            "sglang_service_hf_hub_offline": False,
-            "sglang_service_rank_interface": "",
-        },
-    )
+def rendered(renders) -> Path:
+    return renders["defaults"]
+
+
+@pytest.fixture(scope="module")
+def rendered_off(renders) -> Path:
+    return renders["off"]
 
 
 def unit_lines(directory: Path, name: str) -> list[str]:
