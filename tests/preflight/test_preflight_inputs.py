@@ -385,3 +385,20 @@ def test_every_role_that_creates_the_service_user_marks_it_as_preflight_expects(
     user_task = yaml.safe_load((ROOT / "roles/sglang_service/tasks/user.yml").read_text())
     comments = [t["ansible.builtin.user"].get("comment") for t in user_task if "ansible.builtin.user" in t]
     assert comments == [marker]
+
+
+def test_a_host_whose_plan_rendered_fails_closed_beside_one_whose_plan_did_not(tmp_path):
+    """ansible-core takes every host of the task into preflight's rescue when one host's plan fails to
+    render; the host whose plan rendered has no failed result of its own. It must fail with a finding
+    that says why (never a templating error), and the broken host must still list its own findings."""
+    hosts = {"broken": dict(_extra([row for row in BAD if not _renders(row)]), ansible_connection="local"),
+             "good": dict(_good_vars(), ansible_connection="local")}
+    (tmp_path / "hosts.yml").write_text(json.dumps({"sglang_hosts": {"hosts": hosts}}), encoding="utf-8")
+    run = _run(tmp_path, {}, inventory=str(tmp_path / "hosts.yml"))
+    assert run.returncode != 0
+    assert "is undefined" not in run.stdout, run.stdout[-3000:]
+    recap = dict(re.findall(r"(?m)^(broken|good)\s+:.*?failed=(\d+)", run.stdout))
+    assert recap == {"broken": "1", "good": "1"}, run.stdout[-3000:]
+    assert "preflight found" in run.stdout
+    assert "on broken" in run.stdout
+    assert "another host's plan failed in the same task" in " ".join(run.stdout.split())
