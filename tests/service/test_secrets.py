@@ -38,12 +38,15 @@ PLAYBOOK = json.dumps([{
 }])
 
 
-STATE = Path("/tmp/hicache-fleet-test-secrets-state")
+@pytest.fixture(scope="module")
+def state(tmp_path_factory) -> Path:
+    """The host's state directory (its .secrets-salt), one per test module: the renders compared with
+    each other share it, and two pytest runs at once (two checkouts) never share it."""
+    return tmp_path_factory.mktemp("state")
 
 
-def render(tmp: Path, salt: str, **extra) -> dict:
+def render(tmp: Path, salt: str, state: Path, **extra) -> dict:
     """The plan of three instances (fleet key, own key + admin key, no key) with a given host salt."""
-    state = STATE
     state.mkdir(parents=True, exist_ok=True)
     (state / ".secrets-salt").write_text(salt + "\n")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -75,8 +78,8 @@ def render(tmp: Path, salt: str, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> dict:
-    return render(tmp_path_factory.mktemp("secrets"), "salt-one")
+def rendered(tmp_path_factory, state) -> dict:
+    return render(tmp_path_factory.mktemp("secrets"), "salt-one", state)
 
 
 def by_name(rendered: dict) -> dict:
@@ -101,7 +104,7 @@ def test_keys_only_in_the_secrets_file(rendered):
     assert "--config" not in plan["open"]["launch_argv"]
 
 
-def test_the_config_hash_is_no_plain_hash_of_the_key_file_and_follows_the_key(rendered, tmp_path):
+def test_the_config_hash_is_no_plain_hash_of_the_key_file_and_follows_the_key(rendered, state, tmp_path):
     plan = by_name(rendered)
     for name in ("main", "own"):
         plain = hashlib.sha256(rendered["secrets"][name].encode()).hexdigest()
@@ -110,9 +113,9 @@ def test_the_config_hash_is_no_plain_hash_of_the_key_file_and_follows_the_key(re
         assert plan[name]["config_hash"] not in (plain, unsalted)
     # Same salt, same config: same hash (idempotent); another salt: another hash for keyed
     # instances only; another key: another release.
-    again = by_name(render(tmp_path / "a", "salt-one"))
-    other_salt = by_name(render(tmp_path / "b", "salt-two"))
-    rotated = by_name(render(tmp_path / "c", "salt-one", sglang_service_api_key="k-rotated"))
+    again = by_name(render(tmp_path / "a", "salt-one", state))
+    other_salt = by_name(render(tmp_path / "b", "salt-two", state))
+    rotated = by_name(render(tmp_path / "c", "salt-one", state, sglang_service_api_key="k-rotated"))
     assert again["main"]["config_hash"] == plan["main"]["config_hash"]
     assert other_salt["main"]["config_hash"] != plan["main"]["config_hash"]
     assert other_salt["open"]["config_hash"] == plan["open"]["config_hash"]
