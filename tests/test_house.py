@@ -9,6 +9,7 @@ c. No task file of a role reads another role's files by climbing out of its role
    (`role_path }}/..`, `role_path ~ '/..'`, `role_path | dirname`).
 d. Jinja for data, Python for logic: the task files, handlers and playbooks hold at most 10 inline
    ternaries per 1,000 lines (docs/conventions.md); logic goes into a role's filter_plugins.
+e. A uri/get_url task that sends headers (a key) follows no redirect, unless listed with its reason.
 
 Each check is a plain function over the tree, so the negative self-checks below feed it a made-up
 tree and make sure it does find the problem.
@@ -297,3 +298,67 @@ def test_ternary_count_finds_filters_and_inline_ifs(tmp_path):
     problems = ternary_findings(tmp_path)
     assert problems[0].startswith("3 inline ternaries in 209 lines = 14.4 per 1,000"), problems
     assert problems[1:] == ["  roles/one/tasks/main.yml: 2", "  site.yml: 1"], problems
+
+
+# --- e. a credential goes only where it was sent ----------------------------------------------------
+
+HTTP_MODULES = {"uri", "ansible.builtin.uri", "get_url", "ansible.builtin.get_url"}
+# Requests that carry a header and may follow a redirect, each with why: playbooks/model_manifest.yml
+# on the controller, against the Hugging Face endpoint the operator named. Hugging Face answers a
+# renamed repository and a file download with redirects to its own hosts (a file's to its CDN, with a
+# signed URL); the token goes along (uri/get_url cannot drop it on a redirect).
+REDIRECTS_ALLOWED = {
+    ("roles/models/tasks/manifest.yml", "Manifest | list the revision's files with the tree API"),
+    ("roles/models/tasks/manifest.yml", "Manifest | download the files kept in git (no sha256 in the listing)"),
+}
+
+
+def _tasks(node) -> Iterator[dict]:
+    if isinstance(node, list):
+        for item in node:
+            yield from _tasks(item)
+    elif isinstance(node, dict):
+        if any(key in HTTP_MODULES for key in node):
+            yield node
+        for value in node.values():
+            yield from _tasks(value)
+
+
+def redirect_findings(root: Path) -> list[str]:
+    """uri/get_url tasks that send headers (an Authorization key) and follow redirects: a server, or
+    anyone who can make it answer 3xx, gets the key sent to another place."""
+    problems = []
+    for path in _yaml_files(root):
+        rel = str(path.relative_to(root))
+        if rel.startswith("molecule/"):
+            continue
+        for task in _tasks(_load(path)):
+            module = next(key for key in task if key in HTTP_MODULES)
+            args = task[module] if isinstance(task[module], dict) else {}
+            if "headers" in args and args.get("follow_redirects") != "none" \
+                    and (rel, task.get("name")) not in REDIRECTS_ALLOWED:
+                problems.append(f"{rel}: {task.get('name')!r} sends headers and follows redirects")
+    return problems
+
+
+def test_requests_with_a_key_follow_no_redirect():
+    assert redirect_findings(ROOT) == []
+
+
+def test_the_allowed_redirects_are_still_there():
+    found = set()
+    for rel, _name in REDIRECTS_ALLOWED:
+        for task in _tasks(_load(ROOT / rel)):
+            found.add((rel, task.get("name")))
+    assert REDIRECTS_ALLOWED <= found
+
+
+def test_redirect_check_finds_a_header_sent_through_redirects(tmp_path):
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "p.yml").write_text(yaml.safe_dump([{"hosts": "all", "tasks": [
+        {"name": "keyed", "ansible.builtin.uri": {"url": "http://x/", "headers": {"Authorization": "k"}}},
+        {"name": "keyed, safe", "ansible.builtin.uri": {"url": "http://x/", "headers": {"A": "k"},
+                                                        "follow_redirects": "none"}},
+        {"name": "no key", "ansible.builtin.get_url": {"url": "http://x/", "dest": "/tmp/x"}},
+    ]}]))
+    assert redirect_findings(tmp_path) == ["playbooks/p.yml: 'keyed' sends headers and follows redirects"]
