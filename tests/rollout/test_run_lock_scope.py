@@ -6,12 +6,13 @@
   playbook run alone and by ab_benchmark.yml's lock play, naming the holder, before any later play
   starts and without writing a file;
 - a phase playbook run alone takes the lock at its start and releases it at its end; under
-  site.yml the lock taken before preflight is the same record at the start of every later play
+  site.yml the lock taken after preflight is the same record at the start of every later play
   (the phases' own lock and release plays included) and only site.yml's last play releases it;
 - the rollout phase (roles/rollout `open`, as playbooks/rollout.yml runs it) reuses that lock: the
   run directory and run.json carry its run id, its takeover warnings reach run.json and the report,
   and rollout.yml's own release (scope rollout.yml) leaves site.yml's lock held;
-- a run that fails in an early phase leaves its locks; the next run takes them over with a warning;
+- a refused input (preflight) under site.yml leaves no lock anywhere; a run that died holding the
+  lock (a failed phase, a kill) leaves it, and the next run takes it over with a warning;
 - an A/B that fails releases the lock (block/always).
 
 The plays run with `--tags lock` where the phases would otherwise work on this machine: the lock
@@ -162,7 +163,7 @@ def plant(fleet: Fleet, held: dict) -> None:
     ("playbook", "plays_before_refusal"),
     [
         ("site.yml", ["Converged hosts skip the run (their recorded release is the desired one, nothing drifted)",
-                      TAKE_PLAY]),
+                      "Preflight every host before changing any", TAKE_PLAY]),
         ("playbooks/venv.yml", [TAKE_PLAY]),
         ("playbooks/rocm.yml", [TAKE_PLAY]),
         ("playbooks/ab_benchmark.yml", ["A/B | take the run lock before anything is changed"]),
@@ -173,7 +174,9 @@ def test_a_second_run_is_refused_before_it_changes_anything(fleet: Fleet, sleepe
     held = record(sleeper, pid_start(sleeper), ["rollout.yml"])
     plant(fleet, held)
     before = fleet.files()
-    run = fleet.run(ROOT / playbook)
+    # site.yml's preflight runs before its lock play; this machine is no GPU host, so it is skipped
+    # (it only reads; test_a_refused_input_under_site_yml_leaves_no_lock_anywhere runs it).
+    run = fleet.run(ROOT / playbook, *(["--skip-tags", "preflight"] if playbook == "site.yml" else []))
     assert run.returncode != 0, run.stdout[-3000:]
     assert "ROLLOUT REFUSED: another run holds the lock, or it cannot be checked; nothing was changed." in run.stdout
     holder = f"locked by run {HOLDER_RUN} of alice@ops-laptop (pid {sleeper}, rollout.yml)"
@@ -184,7 +187,8 @@ def test_a_second_run_is_refused_before_it_changes_anything(fleet: Fleet, sleepe
     # Nothing was written or changed: the holder's locks as planted, no report, no release, no A/B file.
     assert fleet.files() == before
     assert json.loads(fleet.host_lock.read_text()) == held
-    # No play after the lock play started (preflight, a phase, the A/B itself).
+    # No play after the lock play started (a phase, the A/B itself); site.yml's read-only preflight
+    # comes before it.
     assert [entry["play"] for entry in fleet.probe()] == [*plays_before_refusal, "END"]
 
 
@@ -291,17 +295,26 @@ def test_the_rollout_phase_reuses_the_runs_lock_and_reports_its_takeovers(fleet:
     assert json.loads((run_dir / "outcome.json").read_text())["locks"]["left"] == []
 
 
-def test_a_run_that_fails_in_an_early_phase_leaves_its_locks_and_the_next_run_takes_them_over(fleet: Fleet) -> None:
-    # preflight finds the bad setting (roles/rocm's rocm_reboot is a bool) and stops the run, after
-    # site.yml took the lock.
-    failed = fleet.run(ROOT / "site.yml", "--tags", "preflight", "-e", '{"rocm_reboot": "maybe"}')
+def test_a_refused_input_under_site_yml_leaves_no_lock_anywhere(fleet: Fleet) -> None:
+    # preflight finds the bad setting (roles/rocm's rocm_reboot is a bool) and stops the run before
+    # site.yml's lock play: nothing on the host or the controller changed, not even a lock.
+    before = fleet.files()
+    failed = fleet.run(ROOT / "site.yml", "-e", '{"rocm_reboot": "maybe"}')
     assert failed.returncode != 0
     assert "rocm_reboot" in failed.stdout, failed.stdout[-3000:]
-    left = json.loads(fleet.host_lock.read_text())
-    assert left["playbooks"] == ["site.yml"]
-    assert json.loads(fleet.controller_lock.read_text()) == left
-    assert not lock.pid_alive(left["pid"], left["pid_start"])
+    assert TAKE_PLAY not in [entry["play"] for entry in fleet.probe()]
+    assert not fleet.controller_lock.exists()
+    assert not fleet.host_lock.exists()
+    assert fleet.files() == before
 
+
+def test_a_run_that_died_holding_the_lock_is_taken_over_by_the_next_run_with_a_warning(fleet: Fleet) -> None:
+    # A site.yml run that failed in a phase after the lock play (or was killed) left its locks: its
+    # pid no longer runs on this controller.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = record(dead.pid, None, ["site.yml"])
+    plant(fleet, left)
     after = fleet.run(ROOT / "site.yml", "--tags", "lock")
     assert after.returncode == 0, after.stdout[-3000:]
     assert "WARNING (run lock):" in after.stdout
