@@ -122,6 +122,10 @@ def tree(tmp_path):
     (model / "tokenizer.json").symlink_to(secret / "id_ed25519")
     (model / "linked").symlink_to(secret)
     (model / "alias.json").symlink_to("config.json")  # inside: fine
+    # A sibling whose name starts with the model directory's: outside all the same.
+    (tmp_path / "model-other").mkdir()
+    (tmp_path / "model-other" / "k").write_bytes(SECRET)
+    (model / "sibling.json").symlink_to(tmp_path / "model-other" / "k")
     return {"model": model, "secret": secret / "id_ed25519", "tmp": tmp_path}
 
 
@@ -137,6 +141,9 @@ def test_sync_from_the_controller_refuses_links_out(tree):
     assert found[1].startswith(f'models_main: manifest file "tokenizer.json" resolves to {secret} on the controller')
     # The same tree without the two links out is accepted; a sync_src that is itself a link is fine.
     assert problems(sync_model(model, files[:3])) == []
+    sibling = problems(sync_model(model, [entry("sibling.json")]))
+    assert sibling[0].startswith('models_main: manifest file "sibling.json" resolves to '
+                                 f'{tree["tmp"] / "model-other" / "k"} on the controller'), sibling
     (tree["tmp"] / "model-link").symlink_to(model)
     assert problems(sync_model(tree["tmp"] / "model-link", files[:3])) == []
 
@@ -150,13 +157,14 @@ def test_a_host_side_source_is_left_to_the_host(tree):
 def test_resolved_outside_from_real_realpath_output(tree):
     model = tree["model"]
     files = [entry("config.json"), entry("tokenizer.json"), entry("alias.json"), entry("not-yet/there.bin"),
-             entry("linked/id_ed25519")]
+             entry("linked/id_ed25519"), entry("sibling.json")]
     argv = F.models_realpath_argv(files, str(model) + "/")
     assert argv[:4] == ["realpath", "-m", "--", str(model)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.splitlines()
     bad = F.models_resolved_outside(out, [f["path"] for f in files])
     assert bad == [{"path": "tokenizer.json", "real": str(tree["secret"])},
-                   {"path": "linked/id_ed25519", "real": str(tree["secret"])}]
+                   {"path": "linked/id_ed25519", "real": str(tree["secret"])},
+                   {"path": "sibling.json", "real": str(tree["tmp"] / "model-other" / "k")}]
     assert F.models_resolved_outside(out[:-1], ["x"])[0]["path"] == "?"
 
 
@@ -165,14 +173,15 @@ def test_the_manifest_writer_refuses_a_directory_with_a_link_out(tree):
     result = manifest("-e", f"models_manifest_dir={tree['model']}", "-e", f"models_manifest_out={out}")
     assert result.returncode != 0
     text = " ".join(result.stdout.split())
-    assert f"models_manifest_dir {tree['model']}: 3 file(s) resolve outside it (symbolic links)" in text
+    assert f"models_manifest_dir {tree['model']}: 4 file(s) resolve outside it (symbolic links)" in text
     assert (f"linked -> {tree['secret'].parent}; linked/id_ed25519 -> {tree['secret']}; "
-            f"tokenizer.json -> {tree['secret']}.") in text
+            f"sibling.json -> {tree['tmp'] / 'model-other' / 'k'}; tokenizer.json -> {tree['secret']}.") in text
     assert "Nothing was written" in text
     assert not out.exists()
     # Without the links out, the same directory gives a manifest (find leaves the link inside out, as before).
     (tree["model"] / "tokenizer.json").unlink()
     (tree["model"] / "linked").unlink()
+    (tree["model"] / "sibling.json").unlink()
     assert manifest("-e", f"models_manifest_dir={tree['model']}", "-e", f"models_manifest_out={out}").returncode == 0
     assert [f["path"] for f in yaml.safe_load(out.read_text())["files"]] == ["config.json", "sub/w.bin"]
 
@@ -202,7 +211,7 @@ def test_host_side_source_with_a_link_out_is_refused_before_any_copy(tree, tmp_p
     text = " ".join(result.stdout.split())
     assert (f"models_main (main): 1 manifest file(s) of models_main.sync_src on the host ({model}) resolve outside it: "
             f"tokenizer.json -> {tree['secret']}.") in text
-    assert "nothing was copied" in text
+    assert "Nothing was copied. Put the files themselves in" in text
     assert os.listdir(tmp_path / "models" / ".staging") == []
     assert os.listdir(tmp_path / "models" / ".store") == []
 
@@ -232,7 +241,7 @@ def test_a_staging_directory_with_a_link_out_is_not_written_through(tree, tmp_pa
     text = " ".join(result.stdout.split())
     assert (f"models_main (main): 1 manifest file(s) of the staging directory (left by an earlier run) ({staging}) "
             f"resolve outside it: sub/w.bin -> {outside}/w.bin.") in text
-    assert f"Remove {staging} and run again" in text
+    assert f"Nothing was copied; the store copy is untouched. Remove {staging} and run again" in text
     assert os.listdir(outside) == []
     assert os.listdir(tmp_path / "models" / ".store") == []
 
