@@ -171,6 +171,9 @@ def _manifest(var: str, model: Mapping[str, Any], problems: list[str]) -> list[d
             problems.append(f"{var}: manifest entry {path} needs a sha256 of 64 hex digits")
         if not _SIZE.fullmatch(size):
             problems.append(f"{var}: manifest entry {path} needs a size in bytes")
+        if _CONTROL.search(str(entry.get("url") or "")):
+            problems.append(f"{var}: manifest entry {path} has a url with a control character: "
+                            f"{json.dumps(str(entry.get('url')))}")
         files.append({
             "path": path,
             "sha256": sha,
@@ -204,6 +207,9 @@ def _model(var: str, model: Any, models_dir: str, problems: list[str]) -> dict[s
                         "(letters, digits, . _ -, not starting with - or .)")
     if source == "hf" and not _COMMIT.fullmatch(str(model.get("hf_revision") or "")):
         problems.append(f'{var}.hf_revision must pin a commit (40 hex digits), not "{model.get("hf_revision") or ""}"')
+    base = str(model.get("http_base_url") or "")
+    if _CONTROL.search(base):
+        problems.append(f"{var}.http_base_url {json.dumps(base)} holds a control character")
     if source == "http" and not model.get("http_base_url") and not all(f["own_url"] for f in files):
         problems.append(f"{var}.http_base_url is empty and not every manifest entry has its own url (source http)")
     sync_src = str(model.get("sync_src") or "")
