@@ -17,6 +17,9 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
   from the Hub's tree API at a pinned revision, or from a local directory (playbooks/model_manifest.yml).
 - ``models_hf_env(endpoint, token, token_file)``: the environment of an hf download (the endpoint
   and the token file only when set).
+- ``models_escapes(root, paths)`` / ``models_resolved_outside(resolved, paths)``: the files of a model
+  directory that resolve (symbolic links followed) outside it, on the controller or from a host's
+  ``realpath`` output (issue 24: a link in a model directory must not ship another file).
 """
 
 from __future__ import annotations
@@ -31,11 +34,88 @@ from typing import Any
 
 import yaml
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_SIZE = re.compile(r"^[0-9]+$")
+# Whole-string matches only (``fullmatch``): ``^...$`` with ``match`` accepts a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SIZE = re.compile(r"[0-9]+")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SOURCES = ("hf", "http", "sync")
+
+
+def manifest_path_problem(path: str) -> str | None:
+    """Why ``path`` (a manifest entry's path) cannot be used, or ``None``.
+
+    A manifest path becomes an argument of the download tool and a path under the model directory:
+    it must be relative, without ``..``, ``.`` or empty parts, without control characters, and must
+    not start with ``-`` (the tool would read it as an option).
+    """
+    if _CONTROL.search(path):
+        return f"manifest path {json.dumps(path)} holds a control character"
+    if not path or path.startswith("/") or ".." in path.split("/"):
+        return f'manifest path "{path}" must be relative, without ..'
+    if path.startswith("-"):
+        return f'manifest path "{path}" must not start with "-" (the download tool would read it as an option)'
+    if any(part in ("", ".") for part in path.split("/")):
+        return f'manifest path "{path}" must not hold empty or "." parts (write it as a/b, not a//b or ./a)'
+    return None
+
+
+def _inside(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def models_escapes(root: str, paths: Sequence[str]) -> list[dict[str, str]]:
+    """The ``paths`` (relative to ``root``, on the machine running this: the controller) whose real
+    path, every symbolic link resolved, lies outside the real path of ``root``: ``[{path, real}]``."""
+    real_root = os.path.realpath(root)
+    out = []
+    for path in paths:
+        real = os.path.realpath(os.path.join(root, path))
+        if not _inside(real, real_root):
+            out.append({"path": str(path), "real": real})
+    return out
+
+
+_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)(\s*;[^\\]*)?(\s*\\)?")
+
+
+def models_requirements_pin(text: str, name: str) -> str:
+    """The version a pip requirements file pins ``name`` to (``name==version``; names compared the
+    way pip does: case, ``-``, ``_`` and ``.`` alike), or "" when it pins none."""
+    def norm(value: str) -> str:
+        return re.sub(r"[-_.]+", "-", value).lower()
+    for line in str(text).splitlines():
+        match = _PIN.fullmatch(line.strip())
+        if match and norm(match.group(1)) == norm(name):
+            return match.group(2)
+    return ""
+
+
+def models_hf_argv(model: Mapping[str, Any], hf: str, max_workers: Any) -> list[str]:
+    """``hf download`` of exactly the model's manifest files at its pinned commit into its staging
+    directory. Options first, then ``--``: the repository id and the file names after it are never
+    read as options (a manifest path ``--help`` or ``-x`` is a file name to hf, not a flag)."""
+    options = ["--revision", str(model["hf_revision"]), "--local-dir", str(model["staging"]),
+               "--max-workers", str(max_workers)]
+    return [str(hf), "download", *options, "--", str(model["hf_repo_id"])] + [str(f["path"]) for f in model["files"]]
+
+
+def models_realpath_argv(files: Sequence[Mapping[str, Any]], root: str) -> list[str]:
+    """``realpath -m -- <root> <root>/<path>...`` for a model's manifest files on a host."""
+    root = str(root).rstrip("/") or "/"
+    return ["realpath", "-m", "--", root] + [f"{root}/{f['path']}" for f in files]
+
+
+def models_resolved_outside(resolved: Sequence[str], paths: Sequence[str]) -> list[dict[str, str]]:
+    """The same as ``models_escapes`` from a host's ``realpath -m -- <root> <root>/<path>...`` output
+    (``resolved``: one line per argument, the root first)."""
+    lines = [str(line) for line in resolved]
+    if len(lines) != len(paths) + 1:
+        return [{"path": "?", "real": f"realpath answered {len(lines)} lines for {len(paths) + 1} paths"}]
+    root = lines[0]
+    return [{"path": str(p), "real": r} for p, r in zip(paths, lines[1:], strict=True) if not _inside(r, root)]
 
 
 def manifest_sha256(files: Sequence[Mapping[str, Any]]) -> str:
@@ -84,16 +164,20 @@ def _manifest(var: str, model: Mapping[str, Any], problems: list[str]) -> list[d
         path = str(entry.get("path") or "")
         sha = str(entry.get("sha256") or "").lower()
         size = str(entry.get("size", ""))
-        if not path or path.startswith("/") or ".." in path.split("/"):
-            problems.append(f'{var}: manifest path "{path}" must be relative, without ..')
-        if not _SHA256.match(sha):
+        path_problem = manifest_path_problem(path)
+        if path_problem:
+            problems.append(f"{var}: {path_problem}")
+        if not _SHA256.fullmatch(sha):
             problems.append(f"{var}: manifest entry {path} needs a sha256 of 64 hex digits")
-        if not _SIZE.match(size):
+        if not _SIZE.fullmatch(size):
             problems.append(f"{var}: manifest entry {path} needs a size in bytes")
+        if _CONTROL.search(str(entry.get("url") or "")):
+            problems.append(f"{var}: manifest entry {path} has a url with a control character: "
+                            f"{json.dumps(str(entry.get('url')))}")
         files.append({
             "path": path,
             "sha256": sha,
-            "size": int(size) if _SIZE.match(size) else 0,
+            "size": int(size) if _SIZE.fullmatch(size) else 0,
             "url": str(entry.get("url") or f"{base}/{path}"),
             "own_url": bool(entry.get("url")),
         })
@@ -110,7 +194,7 @@ def _model(var: str, model: Any, models_dir: str, problems: list[str]) -> dict[s
     name = str(model.get("name") or "")
     source = str(model.get("source") or "")
     files = _manifest(var, model, problems)
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         problems.append(f'{var}.name "{name}" must be a plain directory name (letters, digits, . _ -)')
     if source not in SOURCES:
         problems.append(f'{var}.source "{source}" must be hf, http or sync')
@@ -118,12 +202,30 @@ def _model(var: str, model: Any, models_dir: str, problems: list[str]) -> dict[s
         problems.append(f"{var}: no manifest; set {var}.manifest (or .manifest_file) to the files with sha256 and size")
     if source == "hf" and not model.get("hf_repo_id"):
         problems.append(f"{var}.hf_repo_id is empty (source hf)")
-    if source == "hf" and not _COMMIT.match(str(model.get("hf_revision") or "")):
+    elif source == "hf" and not _REPO_ID.fullmatch(str(model.get("hf_repo_id"))):
+        problems.append(f"{var}.hf_repo_id {json.dumps(str(model.get('hf_repo_id')))} must be <org>/<model> "
+                        "(letters, digits, . _ -, not starting with - or .)")
+    if source == "hf" and not _COMMIT.fullmatch(str(model.get("hf_revision") or "")):
         problems.append(f'{var}.hf_revision must pin a commit (40 hex digits), not "{model.get("hf_revision") or ""}"')
+    base = str(model.get("http_base_url") or "")
+    if _CONTROL.search(base):
+        problems.append(f"{var}.http_base_url {json.dumps(base)} holds a control character")
     if source == "http" and not model.get("http_base_url") and not all(f["own_url"] for f in files):
         problems.append(f"{var}.http_base_url is empty and not every manifest entry has its own url (source http)")
-    if source == "sync" and not model.get("sync_src"):
+    sync_src = str(model.get("sync_src") or "")
+    if source == "sync" and not sync_src:
         problems.append(f"{var}.sync_src is empty (source sync)")
+    elif source == "sync" and (not sync_src.startswith("/") or _CONTROL.search(sync_src)):
+        problems.append(f"{var}.sync_src {json.dumps(sync_src)} must be an absolute path without control characters")
+    elif source == "sync" and not model.get("sync_remote_src", False):
+        # The files are copied from the controller: a symbolic link in the model directory pointing
+        # elsewhere (an SSH key, /etc/shadow) would ship that file to every host. The host's own
+        # directory (sync_remote_src) is checked on the host before the copy (tasks/contained.yml).
+        checked = [f["path"] for f in files if not manifest_path_problem(f["path"])]
+        for bad in models_escapes(sync_src, checked):
+            problems.append(f'{var}: manifest file "{bad["path"]}" resolves to {bad["real"]} on the controller, '
+                            f"outside {var}.sync_src {sync_src} (a symbolic link): model files must lie inside "
+                            "their model directory; put the file itself there, or fix the manifest")
     digest = manifest_sha256(files)
     revision = f"{name}-{digest[:12]}"
     return {
@@ -151,8 +253,8 @@ def models_plan(main: Any, draft: Any, models_dir: str) -> dict[str, Any]:
     """
     models_dir = str(models_dir or "").rstrip("/") or str(models_dir or "")
     problems: list[str] = []
-    if not models_dir.startswith("/"):
-        problems.append(f'models_dir "{models_dir}" must be an absolute path')
+    if not models_dir.startswith("/") or _CONTROL.search(models_dir):
+        problems.append(f'models_dir {json.dumps(models_dir)} must be an absolute path (without control characters)')
     wanted = [("models_main", main)] + ([("models_draft", draft)] if draft is not None else [])
     models = [_model(var, model, models_dir, problems) for var, model in wanted]
     names = [m["name"] for m in models]
@@ -273,7 +375,7 @@ def models_manifest_from_hf_tree(entries: Any, repo_id: str = "", revision: str 
         if not path or not isinstance(size, int):
             problems.append(f"{where}: tree entry {item!r} has no path or size")
             continue
-        if isinstance(lfs, Mapping) and _SHA256.match(str(lfs.get("oid", ""))):
+        if isinstance(lfs, Mapping) and _SHA256.fullmatch(str(lfs.get("oid", ""))):
             files.append({"path": str(path), "sha256": str(lfs["oid"]), "size": int(lfs.get("size", size))})
         else:
             to_hash.append({"path": str(path), "size": size})
@@ -336,4 +438,9 @@ class FilterModule:
             "models_manifest_hash": manifest_sha256,
             "models_prune_problems": models_prune_problems,
             "models_prune_paths": models_prune_paths,
+            "models_escapes": models_escapes,
+            "models_resolved_outside": models_resolved_outside,
+            "models_realpath_argv": models_realpath_argv,
+            "models_hf_argv": models_hf_argv,
+            "models_requirements_pin": models_requirements_pin,
         }

@@ -12,6 +12,8 @@ accepts a trailing newline). Each finding names the variable and the fix and nev
 - ``preflight_instance_environments(instances)`` / ``preflight_instance_secrets(instances, key, admin)``:
   the instances' environments and keys by variable path, for the two above.
 - ``preflight_plan_failure(result, action)``: the finding for a sglang_service plan that failed.
+- ``preflight_models_plan_findings(result, action)``: the findings of a models plan that failed (each
+  problem it names: a manifest path, a link out of sync_src, a manifest file that cannot be read).
 - ``preflight_run_input_findings(inputs)``: the rollout gate's thresholds and booleans, preflight's
   own knobs, the inventory host name (it becomes a report path), the ROCm key URL, the router key.
 """
@@ -502,6 +504,19 @@ def plan_failure(result: Mapping[str, Any], action: Any) -> str:
     return f"the sglang_service config could not be rendered ({message}); fix the inputs named above first."
 
 
+def models_plan_findings(result: Any, action: Any = "") -> list[str]:
+    """Findings of the models plan (roles/models, entry point check): its ``models_plan_problems`` (a
+    list, each naming its variable), or, for a plan that failed, its argument specs' errors or message."""
+    if isinstance(result, list):
+        return [f"{' '.join(str(problem).split())} (roles/models)" for problem in result]
+    if action == "ansible.builtin.validate_argument_spec":
+        errors = "; ".join(str(e) for e in result.get("argument_errors") or [])
+        return [f"the models were not planned: their variables fail the argument specs of the models role ({errors}); "
+                "fix them in the inventory first."]
+    message = " ".join(str(result.get("msg") or "the models plan failed").split())[:600]
+    return [f"the models could not be planned ({message}); fix models_main / models_draft first."]
+
+
 class FilterModule:
     """Jinja filters of the preflight role: the inputs' type, range and charset."""
 
@@ -512,4 +527,5 @@ class FilterModule:
             "preflight_instance_environments": instance_environments,
             "preflight_instance_secrets": instance_secrets,
             "preflight_plan_failure": plan_failure,
+            "preflight_models_plan_findings": models_plan_findings,
         }
