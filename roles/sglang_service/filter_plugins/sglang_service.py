@@ -348,6 +348,20 @@ def redact(text: Any, secrets: Any) -> Any:
     return _KEY_IN_LOG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", result)
 
 
+SECRET_KEYS = ("api_key", "admin_api_key")
+SET = "(set)"
+
+
+def instances_shown(instances: Any) -> Any:
+    """The instances as a loop may show them at -v: each key (api_key, admin_api_key) given a
+    non-empty value reads ``(set)``, an empty one stays empty (it turns the fleet's key off), so
+    ``default(..., true)``/``length`` on it decide as on the real value. Anything else as it is."""
+    if not isinstance(instances, Sequence) or isinstance(instances, (str, bytes)):
+        return instances
+    return [{key: (SET if value else value) if key in SECRET_KEYS else value for key, value in item.items()}
+            if isinstance(item, Mapping) else item for item in instances]
+
+
 def config_args(secrets_set: Any, path: Any) -> list[Any]:
     """``['--config', path]`` when the instance has a secrets file (its api keys), else ``[]``."""
     return ["--config", path] if secrets_set else []
@@ -438,6 +452,7 @@ class FilterModule:
             "sglang_service_rank_interface_env": rank_interface_env,
             "sglang_service_launch_args": launch_args,
             "sglang_service_config_args": config_args,
+            "sglang_service_instances_shown": instances_shown,
             "sglang_service_protect_home": protect_home,
             "sglang_service_secrets_digest": secrets_digest,
             "sglang_service_parse_refusal": parse_refusal,
