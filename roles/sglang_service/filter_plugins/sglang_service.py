@@ -362,6 +362,15 @@ def instances_shown(instances: Any) -> Any:
             if isinstance(item, Mapping) else item for item in instances]
 
 
+def rollback_instances(previous: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The module's instances for state=rollback_secrets, from the stat results of each planned
+    instance's `previous` pointer: its name and live file paths, and the release it points at."""
+    return [{"name": result["item"]["name"], "release_dir": result["stat"]["lnk_source"],
+             "secrets_path": result["item"]["secrets_path"], "unit_path": result["item"]["unit_path"],
+             "env_path": result["item"]["env_path"], "unit": ""}
+            for result in previous]
+
+
 def config_args(secrets_set: Any, path: Any) -> list[Any]:
     """``['--config', path]`` when the instance has a secrets file (its api keys), else ``[]``."""
     return ["--config", path] if secrets_set else []
@@ -453,6 +462,7 @@ class FilterModule:
             "sglang_service_launch_args": launch_args,
             "sglang_service_config_args": config_args,
             "sglang_service_instances_shown": instances_shown,
+            "sglang_service_rollback_instances": rollback_instances,
             "sglang_service_protect_home": protect_home,
             "sglang_service_secrets_digest": secrets_digest,
             "sglang_service_parse_refusal": parse_refusal,
