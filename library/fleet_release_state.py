@@ -54,6 +54,17 @@ options:
         O(state=check) reports that the desired release changed and checks nothing else.
     type: str
     required: true
+  secrets:
+    description:
+      - >-
+        What the controller's digests leave out because it is secret (api keys, tokens, a URL's
+        credentials): C(release), a string that goes with O(fingerprint), and C(phases), a string by
+        phase name that goes with that phase's digest in O(phases). Each is HMACed together with its
+        digest under the host's key and never stored or returned otherwise, so a key rotation changes
+        the release while the digests the controller prints hold no key. Empty or missing: the
+        digest alone (records written before this option stay valid).
+    type: dict
+    default: {}
   files:
     description:
       - >-
@@ -335,6 +346,21 @@ def unique(items):
     return sorted(set(items))
 
 
+def material(digest, secret):
+    """The bytes HMACed for a digest: the digest, and the secrets that go with it when there are any."""
+    if not secret:
+        return digest.encode("utf-8")
+    return (digest + "\0" + str(secret)).encode("utf-8")
+
+
+def release_secret(params):
+    return (params.get("secrets") or {}).get("release") or ""
+
+
+def phase_secret(params, name):
+    return ((params.get("secrets") or {}).get("phases") or {}).get(name) or ""
+
+
 def validate(params):
     errors = []
     if not params["path"] or not os.path.isabs(params["path"]):
@@ -380,13 +406,14 @@ def build_record(module, params, key, skip):
     trees = {top: tree_sizes(top, skip) for top in params["trees"]}
     rec = {
         "version": RECORD_VERSION,
-        "fingerprint_hmac": hmac_hex(key, params["fingerprint"].encode("utf-8")),
+        "fingerprint_hmac": hmac_hex(key, material(params["fingerprint"], release_secret(params))),
         "files": files,
         "trees": trees,
         "units": units,
     }
     if params["phases"]:
-        rec["phases"] = {name: hmac_hex(key, digest.encode("utf-8")) for name, digest in params["phases"].items()}
+        rec["phases"] = {name: hmac_hex(key, material(digest, phase_secret(params, name)))
+                         for name, digest in params["phases"].items()}
         rec["outputs"] = {name: facts for name, facts in params["outputs"].items() if name in params["phases"]}
     return rec
 
@@ -616,7 +643,7 @@ def check(module, params):
         return [str(exc)], [], {}
     if key is None:
         return [f"the key of the converged record ({key_path}) is missing, so the record cannot be verified"], [], {}
-    expected = hmac_hex(key, params["fingerprint"].encode("utf-8"))
+    expected = hmac_hex(key, material(params["fingerprint"], release_secret(params)))
     release_same = hmac.compare_digest(expected, rec["fingerprint_hmac"])
     if not release_same and not params["phases"]:
         return ["the desired release changed since the last whole run "
@@ -632,7 +659,8 @@ def check(module, params):
     recorded = rec.get("phases", {})
     current = [] if reasons else sorted(
         name for name, digest in params["phases"].items()
-        if name in recorded and hmac.compare_digest(hmac_hex(key, digest.encode("utf-8")), recorded[name])
+        if name in recorded
+        and hmac.compare_digest(hmac_hex(key, material(digest, phase_secret(params, name))), recorded[name])
     )
     if not release_same:
         reasons.insert(0, "the desired release changed since the last whole run")
@@ -650,6 +678,7 @@ def main():
             "trees": {"type": "list", "elements": "path", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
             "phases": {"type": "dict", "default": {}, "no_log": True},
+            "secrets": {"type": "dict", "default": {}, "no_log": True},
             "outputs": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,

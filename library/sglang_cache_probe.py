@@ -184,7 +184,7 @@ options:
       - >-
         Write progress to this file on the managed host while probing, started afresh by each run:
         C(start: ...), one C(round N/M: ...) line per round with its figures, then C(end: ...) with
-        the verdict or the error.
+        the verdict or the error. Mode C(0600) (an older file's mode too).
       - Not counted as a change (it is a log of the run, like the journal).
     type: path
   lock_path:

@@ -44,8 +44,14 @@ options:
         secrets file (an old one is removed).
       - C(staged) keeps the candidate as a release directory and compares it with the live files.
       - C(active) installs the staged release (see the description).
+      - >-
+        C(rollback_secrets), the role's C(rollback) before it restores a release: each instance's
+        secrets file holds the keys of O(secrets) (the inventory now, C(0640), group
+        O(service_group)), never those of the release O(instances[].release_dir) it goes back to; an
+        instance whose release and O(secrets) disagree on having keys at all is refused, for every
+        instance before anything is written.
     type: str
-    choices: [scratch, staged, active]
+    choices: [scratch, staged, active, rollback_secrets]
     default: staged
   instances:
     description:
@@ -212,9 +218,16 @@ units_changed:
   returned: with O(state=active)
   type: bool
   sample: true
+kept:
+  description: With O(state=rollback_secrets), the instances whose secrets file holds the keys of O(secrets).
+  returned: with O(state=rollback_secrets)
+  type: list
+  elements: str
+  sample: [main]
 changed_paths:
-  description: With O(state=active), the files and pointers written (in check mode, that would be).
-  returned: with O(state=active)
+  description:
+    - With O(state=active) or O(state=rollback_secrets), the files and pointers written (in check mode, that would be).
+  returned: with O(state=active) or O(state=rollback_secrets)
   type: list
   elements: str
   sample: [/etc/sglang/main.env, /var/lib/sglang/main/current]
@@ -232,7 +245,7 @@ import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_service_release import activate, scratch, stage
+from ansible.module_utils.sglang_service_release import RollbackRefused, activate, rollback_secrets, scratch, stage
 
 INSTANCE_OPTIONS = {
     "name": {"type": "str", "required": True},
@@ -255,13 +268,15 @@ NEEDED = {
     "scratch": ("staging_dir", "check_argv_json", "unit_name"),
     "staged": ("argv_json", "release_json"),
     "active": ("state_dir", "releases_dir", "unit_name", "bind", "port"),
+    "rollback_secrets": (),
 }
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "choices": ["scratch", "staged", "active"], "default": "staged"},
+            "state": {"type": "str", "choices": ["scratch", "staged", "active", "rollback_secrets"],
+                      "default": "staged"},
             "instances": {"type": "list", "elements": "dict", "required": True, "options": INSTANCE_OPTIONS},
             # The env file holds no keys (they are in the secrets file): shown in --diff like the unit.
             "env": {"type": "dict", "default": {}},
@@ -283,7 +298,7 @@ def main():
     owner = (0, 0) if os.geteuid() == 0 else None
     env, secrets = module.params["env"] or {}, module.params["secrets"] or {}
     gid = None
-    if state == "active" and owner is not None:
+    if state in ("active", "rollback_secrets") and owner is not None:
         try:
             gid = grp.getgrnam(module.params["service_group"]).gr_gid
         except KeyError:
@@ -292,6 +307,8 @@ def main():
     try:
         if state == "scratch":
             result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False}
+        elif state == "rollback_secrets":
+            result = rollback_secrets(module.params["instances"], secrets, module.check_mode, owner, gid)
         elif state == "staged":
             result = stage(module.params["instances"], env, secrets, module.check_mode, owner)
         else:
@@ -299,6 +316,8 @@ def main():
                               owner, gid, want_diff=module._diff)
             if not module._diff:
                 result.pop("diff")
+    except RollbackRefused as exc:
+        module.fail_json(msg=str(exc))
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"the release ({state}) failed: {exc}")
     module.exit_json(**result)

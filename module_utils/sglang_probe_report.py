@@ -84,17 +84,24 @@ def round_line(number: int, total: int, runs: dict) -> str:
     return " ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:])
 
 
+PROGRESS_MODE = 0o600
+
+
 class ProgressLog:
     """Lines appended to a file while the probe runs (none without a path): `start: ...`, one
-    `round N/M: ...` per round, and `end: ...`. The file is started afresh by each probe."""
+    `round N/M: ...` per round, and `end: ...`. The file is started afresh by each probe, mode 0600
+    (an older one's mode too): it names the server and its errors, for root's eyes only."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         if path:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-                with open(path, "w", encoding="utf-8"):
-                    pass
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PROGRESS_MODE)
+                try:
+                    os.fchmod(fd, PROGRESS_MODE)
+                finally:
+                    os.close(fd)
             except OSError as exc:
                 raise ProbeError(f"cannot write progress_path {path}: {exc.strerror or exc}; choose a writable "
                                  "path.") from exc

@@ -301,3 +301,48 @@ def scratch(instances, env, secrets, owner=None):
             if ensure_file(path, content, False, owner, mode):
                 written.append(path)
     return written
+
+
+# --- rollback: the keys stay those of the inventory now --------------------------------------------
+
+
+class RollbackRefused(ValueError):
+    """A rollback that would change which keys an instance serves with: nothing was written."""
+
+
+def rollback_secrets(instances, secrets, check_mode, owner=None, secrets_gid=None):
+    """The secrets file of each instance rolled back to the release `release_dir` names: the keys of
+    the inventory now (`secrets`), never those the release was staged with (its secrets.yaml holds
+    the keys of that time; a rotated key must not come back). An instance whose release and the
+    inventory disagree on having keys at all is refused, every instance checked before anything is
+    written: a release staged with keys reads them from the file (with none now it would not
+    start), one staged without would serve without the key the inventory sets now.
+
+    Returns {kept, changed_paths, changed}: `kept` names the instances whose current keys stay.
+    Raises RollbackRefused naming each refused instance and what to do.
+    """
+    refusals = []
+    for instance in instances:
+        name, release = instance["name"], os.path.basename(instance["release_dir"].rstrip("/"))
+        had_keys = os.path.lexists(os.path.join(instance["release_dir"], "secrets.yaml"))
+        has_keys = bool(secrets.get(name))
+        if had_keys and not has_keys:
+            refusals.append(f"{name}: release {release} was staged with api keys and the inventory sets none now "
+                            "(its old keys are not brought back)")
+        elif has_keys and not had_keys:
+            refusals.append(f"{name}: release {release} was staged without an api key and would serve without "
+                            "the key the inventory sets now")
+    if refusals:
+        raise RollbackRefused("rollback refused, nothing changed: " + "; ".join(refusals)
+                              + ". Fix the instance's config and run the rollout again, or roll back by hand.")
+    kept, changed_paths = [], []
+    secrets_owner = None if owner is None else (owner[0], owner[1] if secrets_gid is None else secrets_gid)
+    for instance in instances:
+        text = secrets.get(instance["name"], "") or ""
+        if text:
+            kept.append(instance["name"])
+            if ensure_file(instance["secrets_path"], text, check_mode, secrets_owner, SECRETS_MODE):
+                changed_paths.append(instance["secrets_path"])
+        elif remove_file(instance["secrets_path"], check_mode):
+            changed_paths.append(instance["secrets_path"])
+    return {"kept": kept, "changed_paths": changed_paths, "changed": bool(changed_paths)}

@@ -305,3 +305,25 @@ def test_through_ansible_adhoc(host, tmp_path):
     assert results[0]["changed"] is True
     assert results[1]["converged"] is True
     assert results[1]["reasons"] == []
+
+
+def test_the_secrets_go_into_the_hmac_only(host):
+    """Issue 24: the controller's fingerprint holds no key; the keys come as the no_log option
+    `secrets` and are HMACed with it: another key is a release change, the same key converged, and
+    neither the key nor a plain hash of it is in the record."""
+    secrets = {"release": '{"secrets": {"sglang_service_api_key": "k-rot-A1"}}',
+               "phases": {"models": '{"secrets": {"models_hf_token": "hf-A2"}}'}}
+    host.record_ok(secrets=secrets, phases=PHASES, outputs=OUTPUTS)
+    text = host.record.read_text()
+    assert "k-rot-A1" not in text
+    assert "hf-A2" not in text
+    assert host.run("check", secrets=secrets, phases=PHASES)["converged"] is True
+    rotated = {"release": secrets["release"].replace("A1", "B1"),
+               "phases": {"models": secrets["phases"]["models"].replace("A2", "B2")}}
+    result = host.run("check", secrets=rotated, phases=PHASES)
+    assert result["converged"] is False
+    assert result["reasons"] == ["the desired release changed since the last whole run"]
+    assert result["current_phases"] == ["rocm", "venv"]
+    assert "k-rot" not in json.dumps(result)
+    # Without secrets the record is the fingerprint's alone, as before the option existed.
+    assert host.run("check", phases=PHASES)["converged"] is False

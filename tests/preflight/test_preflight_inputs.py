@@ -362,6 +362,14 @@ def test_a_plain_http_base_url_makes_the_derived_key_url_refused():
     assert any("rocm_amd_key_url" in f for f in pi.run_input_findings(inputs))
 
 
+def test_the_key_url_finding_does_not_repeat_a_mirrors_password():
+    """Issue 24: findings are printed and go into reports; a URL's user:password@ is left out."""
+    inputs = dict(GOOD_RUN, rocm_key_url="", rocm_repo_base_url="http://bob:pw-Finding-3@mirror.invalid")
+    (finding,) = [f for f in pi.run_input_findings(inputs) if "rocm_amd_key_url" in f]
+    assert "'http://mirror.invalid/rocm/rocm.gpg.key'" in finding
+    assert "pw-Finding-3" not in finding
+
+
 def test_user_ranges_add_to_the_built_in_ones_never_replace_them():
     table = json.loads((ROOT / "roles/preflight/files/sglang-flags.json").read_text())
     errors = pf.sglang_argv(["--mem-fraction-static", "1.5"], table, {"--mem-fraction-static": {"gt": -1}})

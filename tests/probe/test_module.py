@@ -4,6 +4,7 @@ written while it runs, probes of one host measured one after another (lock_path)
 from __future__ import annotations
 
 import json
+import stat
 import threading
 import time
 
@@ -67,6 +68,20 @@ def test_progress_log_is_written_round_by_round(params, tmp_path):
     assert seen[-1][0].startswith("round 1/3: cold TTFT ")
     assert "warm host TTFT" in seen[-1][2]
     assert ProgressLog(None).write("nothing") is None  # no path, no file
+
+
+def test_progress_file_is_root_only_even_when_an_older_one_was_not(tmp_path):
+    """Issue 24: the progress file (it names the server and its errors) is 0600, also when an older
+    run left one with 0644; umask does not widen it."""
+    fresh = tmp_path / "fresh.progress"
+    ProgressLog(str(fresh)).write("start: x")
+    old = tmp_path / "old.progress"
+    old.write_text("from an older run\n")
+    old.chmod(0o644)
+    ProgressLog(str(old)).write("start: y")
+    assert old.read_text() == "start: y\n"
+    for path in (fresh, old):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 def test_progress_path_not_writable_is_a_sentence(tmp_path):

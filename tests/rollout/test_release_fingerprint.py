@@ -196,3 +196,53 @@ def test_the_gpu_visibility_keys_are_those_the_rocm_gpu_check_reads():
     converged = load("roles/rollout/filter_plugins/rollout_converged.py")
     rocm = load("roles/rocm/filter_plugins/rocm.py")
     assert set(converged.GPU_VISIBILITY_KEYS) == {"HIP_VISIBLE_DEVICES", *rocm._OTHER_MASKS}
+
+
+def secrets_of(project: Path, host_vars: dict) -> dict:
+    module = load("roles/rollout/filter_plugins/rollout_converged.py")
+    toolkit = module.rollout_release_toolkit(str(project))
+    return module.rollout_release_secrets(host_vars, host_vars, toolkit)
+
+
+def phases_of(project: Path, host_vars: dict) -> dict:
+    module = load("roles/rollout/filter_plugins/rollout_converged.py")
+    toolkit = module.rollout_release_toolkit(str(project))
+    return module.rollout_phase_fingerprints(host_vars, host_vars, toolkit)
+
+
+KEYED = {
+    "sglang_service_api_key": "k-fleet-FP1",
+    "sglang_service_instances": [{"name": "main", "port": 30004, "api_key": "k-own-FP2"}],
+    "models_hf_token": "hf_tok-FP3",
+    "sglang_venv_index_url": "https://bob:pw-FP4@pypi.example/simple",
+}
+
+
+def test_no_key_counts_in_a_fingerprint_but_every_key_goes_to_the_hosts_hmac(project):
+    """Issue 24: a fingerprint is printed at -v; a plain hash over a key would let a guessed key be
+    tested. Another key (fleet, instance, token, a URL's password) leaves every fingerprint as it is;
+    the secrets the module HMACs under the host's key change instead, so a rotation is still seen."""
+    rotated = {
+        "sglang_service_api_key": "k-fleet-ROT1",
+        "sglang_service_instances": [{"name": "main", "port": 30004, "api_key": "k-own-ROT2"}],
+        "models_hf_token": "hf_tok-ROT3",
+        "sglang_venv_index_url": "https://bob:pw-ROT4@pypi.example/simple",
+    }
+    assert fingerprint(project, rotated) == fingerprint(project, KEYED)
+    assert phases_of(project, rotated) == phases_of(project, KEYED)
+    before, after = secrets_of(project, KEYED), secrets_of(project, rotated)
+    for secret in ("k-fleet-FP1", "k-own-FP2", "hf_tok-FP3", "pw-FP4"):
+        assert secret in before["release"]
+    assert after["release"] != before["release"]
+    # The models phase reads the token and the venv phase the index URL: their texts change, the
+    # ROCm phase's (it reads neither) does not.
+    assert after["phases"]["venv"] != before["phases"]["venv"]
+    assert after["phases"]["models"] != before["phases"]["models"]
+    assert after["phases"]["rocm"] == before["phases"]["rocm"] == ""
+    # Still counted: a key that is set against one that is not, and the URL without its credentials.
+    assert fingerprint(project, {**KEYED, "sglang_service_api_key": ""}) != fingerprint(project, KEYED)
+    other_host = {**KEYED, "sglang_venv_index_url": "https://bob:pw-FP4@mirror.example/simple"}
+    assert fingerprint(project, other_host) != fingerprint(project, KEYED)
+    # Without any secret: nothing for the module to add (the records of before stay valid).
+    none = {"release": "", "phases": {"rocm": "", "venv": "", "models": ""}}
+    assert secrets_of(project, {"rocm_version": "7.2"}) == none

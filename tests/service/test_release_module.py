@@ -365,3 +365,84 @@ def test_the_filter_renders_the_parser_argv_as_to_json_did():
              "releases_dir": "/st/releases", "staging_dir": "/run/x", "bind": "::1", "port": 1}]
     (out,) = filters.release_instances(plan, "/v/bin/python")
     assert out["check_argv_json"] == to_json(argv) + "\n"
+
+
+# --- rollback: the keys of the inventory now, never those of the release rolled back to ----------
+
+OLD_KEY = '{\n    "api-key": "sk-old-rotated-out-41"\n}'
+NEW_KEY = '{\n    "api-key": "sk-new-after-rotation-42"\n}'
+
+
+def _rotated(tmp_path: Path, name: str = "main") -> tuple[dict, dict]:
+    """Release A staged and activated with OLD_KEY, then release B with NEW_KEY (A is `previous`)."""
+    first = _active(tmp_path, name, "aaaaaaaaaaaa", "[Unit]\nA\n")
+    release.stage([first], {name: "A=1\n"}, {name: OLD_KEY}, check_mode=False)
+    release.activate([first], {name: "A=1\n"}, {name: OLD_KEY}, [name], check_mode=False)
+    second = _active(tmp_path, name, "bbbbbbbbbbbb", "[Unit]\nB\n")
+    release.stage([second], {name: "A=1\n"}, {name: NEW_KEY}, check_mode=False)
+    release.activate([second], {name: "A=1\n"}, {name: NEW_KEY}, [name], check_mode=False)
+    assert os.readlink(Path(first["state_dir"]) / "previous") == first["release_dir"]
+    return first, second
+
+
+def test_a_rollback_after_a_key_rotation_keeps_the_new_key(tmp_path):
+    first, _second = _rotated(tmp_path)
+    out = release.rollback_secrets([first], {"main": NEW_KEY}, check_mode=False)
+    assert out["kept"] == ["main"]
+    assert Path(first["secrets_path"]).read_text() == NEW_KEY
+    assert _mode(first["secrets_path"]) == 0o640
+    # The release rolled back to still holds the key of its time, root only (pruned with it).
+    assert (Path(first["release_dir"]) / "secrets.yaml").read_text() == OLD_KEY
+    assert _mode(str(Path(first["release_dir"]) / "secrets.yaml")) == 0o600
+    again = release.rollback_secrets([first], {"main": NEW_KEY}, check_mode=False)
+    assert again["changed"] is False
+
+
+@pytest.mark.parametrize(
+    ("had", "now", "says"),
+    [
+        (OLD_KEY, "", "main: release aaaaaaaaaaaa was staged with api keys and the inventory sets none now"),
+        ("", NEW_KEY, "main: release aaaaaaaaaaaa was staged without an api key and would serve without the key"),
+    ],
+)
+def test_a_rollback_that_changes_whether_keys_are_served_is_refused_before_any_write(tmp_path, had, now, says):
+    first = _active(tmp_path, "main", "aaaaaaaaaaaa")
+    release.stage([first], {"main": "A=1\n"}, {"main": had}, check_mode=False)
+    other = _active(tmp_path, "other", "cccccccccccc")
+    release.stage([other], {"other": "A=1\n"}, {"other": NEW_KEY}, check_mode=False)
+    _live(first, "[Unit]\nlive\n", "A=1\n", "live secrets of main\n")
+    _live(other, "[Unit]\nlive\n", "A=1\n", "live secrets of other\n")
+    with pytest.raises(release.RollbackRefused, match="rollback refused, nothing changed: ") as refused:
+        release.rollback_secrets([other, first], {"main": now, "other": NEW_KEY}, check_mode=False)
+    assert says in str(refused.value)
+    assert "other" not in str(refused.value).split(": ", 1)[1].split(".")[0]  # the good one is not named
+    # Nothing written, not even for the instance that was fine.
+    assert Path(first["secrets_path"]).read_text() == "live secrets of main\n"
+    assert Path(other["secrets_path"]).read_text() == "live secrets of other\n"
+    assert "sk-" not in str(refused.value)
+
+
+def test_the_module_rolls_back_secrets_without_printing_them(tmp_path):
+    first, _second = _rotated(tmp_path)
+    inst = {key: first[key] for key in ("name", "release_dir", "secrets_path", "unit_path", "env_path")}
+    args = {"state": "rollback_secrets", "instances": [{**inst, "unit": ""}], "secrets": {"main": NEW_KEY},
+            "service_group": "root"}
+    done = _ansible(tmp_path, args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert Path(first["secrets_path"]).read_text() == NEW_KEY
+    refused = _ansible(tmp_path, {**args, "secrets": {"main": ""}})
+    assert refused.returncode != 0
+    assert "rollback refused, nothing changed: main: release aaaaaaaaaaaa was staged with api keys" in refused.stdout
+    assert Path(first["secrets_path"]).read_text() == NEW_KEY
+    for out in (done, refused):
+        assert "sk-new-after-rotation-42" not in out.stdout + out.stderr
+        assert "sk-old-rotated-out-41" not in out.stdout + out.stderr
+
+
+def test_the_rollback_filter_hands_the_module_each_instance_and_its_previous_release():
+    previous = [{"item": {"name": "main", "secrets_path": "/etc/sglang/main.secrets.yaml", "unit_path": "/u",
+                          "env_path": "/e", "unit": "sglang-main.service"},
+                 "stat": {"islnk": True, "lnk_source": "/var/lib/sglang/main/releases/aaaaaaaaaaaa"}}]
+    assert filters.rollback_instances(previous) == [
+        {"name": "main", "release_dir": "/var/lib/sglang/main/releases/aaaaaaaaaaaa",
+         "secrets_path": "/etc/sglang/main.secrets.yaml", "unit_path": "/u", "env_path": "/e", "unit": ""}]

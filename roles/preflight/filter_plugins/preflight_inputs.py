@@ -464,8 +464,9 @@ def run_input_findings(inputs: Mapping[str, Any]) -> list[str]:
         url = f"{base}/rocm/rocm.gpg.key"  # the rocm role's default, from the inventory's base URL
     https = isinstance(url, str) and re.fullmatch(r"https://[^\s\x00-\x1f\x7f]+", url)
     if url not in (None, "", "None") and not https:
+        shown = re.sub(r"://[^/@]*@", "://", str(url))  # a mirror's user:password is not repeated
         found.append(
-            f"rocm_amd_key_url = {url!r} is not an https:// URL; the key that signs every ROCm package must come "
+            f"rocm_amd_key_url = {shown!r} is not an https:// URL; the key that signs every ROCm package must come "
             "over TLS (set rocm_amd_key_url or rocm_amd_repo_base_url to https://...)."
         )
     found += secret_findings(inputs.get("secrets") or {})

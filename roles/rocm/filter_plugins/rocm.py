@@ -44,17 +44,53 @@ def rocm_package_specs(specs: list[str], variable: str = "rocm_distro_packages")
     return packages
 
 
+# scheme://user[:password]@host/path: the credentials of a mirror.
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s]*)@(.*)$")
+
+
+def _credentials(uri: Any) -> tuple[str, str, str, str] | None:
+    """(uri without credentials, apt's machine (host/path), login, password), or None without."""
+    match = _USERINFO.match(str(uri))
+    if not match:
+        return None
+    scheme, userinfo, rest = match.groups()
+    login, _, password = userinfo.partition(":")
+    return f"{scheme}{rest}", rest.rstrip("/"), login, password
+
+
+def rocm_uri_public(uri: Any) -> Any:
+    """A repository URI without its user:password@ (which goes to apt's auth.conf.d instead)."""
+    found = _credentials(uri)
+    return uri if found is None else found[0]
+
+
 def rocm_repositories(repositories: list[dict[str, Any]], suite: str) -> list[dict[str, Any]]:
-    """rocm_amd_repositories with every field filled in (suite, components), as a release records them."""
+    """rocm_amd_repositories with every field filled in (suite, components), as a release records them.
+
+    A URI's credentials are left out: the release is a fact (printed at -v, kept in the facts cache)
+    and a record on the host (rocm-release.json, 0644); apt reads them from
+    /etc/apt/auth.conf.d/ (rocm_apt_auth, 0600) instead."""
     return [
         {
             "name": repo["name"],
-            "uris": repo["uris"],
+            "uris": rocm_uri_public(repo["uris"]),
             "suites": repo.get("suites") or suite,
             "components": list(repo.get("components") or ["main"]),
         }
         for repo in repositories or []
     ]
+
+
+def rocm_apt_auth(repositories: list[dict[str, Any]]) -> str:
+    """apt's auth.conf (apt_auth.conf(5)) for the repositories whose URI carries credentials:
+    `machine <host/path> login <user> password <password>`, one per line; "" when none does."""
+    lines = []
+    for repo in repositories or []:
+        found = _credentials(repo.get("uris", ""))
+        if found is not None:
+            _public, machine, login, password = found
+            lines.append(f"machine {machine} login {login} password {password}")
+    return "".join(f"{line}\n" for line in dict.fromkeys(lines))
 
 
 def rocm_release_id(release: dict[str, Any]) -> str:
@@ -519,6 +555,8 @@ class FilterModule:
         return {
             "rocm_package_specs": rocm_package_specs,
             "rocm_repositories": rocm_repositories,
+            "rocm_uri_public": rocm_uri_public,
+            "rocm_apt_auth": rocm_apt_auth,
             "rocm_release_id": rocm_release_id,
             "rocm_installed": rocm_installed,
             "rocm_offered": rocm_offered,

@@ -26,6 +26,15 @@ A phase may read only a part of an option that belongs to a later phase: the ROC
 reads, of the service's environment and instances, only what makes GPUs visible (the device masks,
 each instance's name and TP size). For such options the phase's fingerprint covers that part only
 (PHASE_VIEWS), so a change of the service's environment leaves the install phases out.
+
+No secret enters a fingerprint: the fingerprints are set as facts (printed at -v), and a plain hash
+over options that include a key would let anyone holding the output test a guessed key offline.
+The values of the options the roles declare no_log, the keys of a mapping named api_key,
+admin_api_key, token or password, and the user:password of a URL (a mirror or index with
+credentials) read as "(set)"/"(credentials)" in the fingerprint; their real values are returned
+apart by rollout_release_secrets, which goes to the host's module as a no_log option and is stored
+only inside the HMAC under the host's key (library/fleet_release_state.py): a key rotation still
+changes the record, and nothing printed on the controller depends on a key.
 """
 
 from __future__ import annotations
@@ -63,8 +72,15 @@ SHARED_TREE = tuple(top for top in TREE if top != "roles")
 GPU_VISIBILITY_KEYS = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
+# Keys of a mapping whose value is a credential, wherever they occur (an instance's api_key...).
+SECRET_FIELDS = frozenset({"api_key", "admin_api_key", "token", "password", "hf_token"})
+# A URL's user:password@ (or token@).
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s]+)@")
+SET = "(set)"
+
 _tree_digests: dict[str, str] = {}
 _options: dict[str, tuple[str, ...]] = {}
+_secret_options: dict[str, tuple[str, ...]] = {}
 
 
 def _set_facts(node: Any, found: set[str]) -> None:
@@ -85,17 +101,54 @@ def _role_options(root: str) -> tuple[str, ...]:
     a fact cached from the last run, such as rocm_release, describes that run, not the desired one)."""
     if root not in _options:
         names: set[str] = set()
+        secret: set[str] = set()
         outputs: set[str] = set()
         for role in ROLES:
             with open(os.path.join(root, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as spec:
                 for entry in (yaml.safe_load(spec) or {}).get("argument_specs", {}).values():
-                    names.update((entry or {}).get("options") or {})
+                    options = (entry or {}).get("options") or {}
+                    names.update(options)
+                    secret.update(name for name, spec in options.items() if (spec or {}).get("no_log"))
             tasks = os.path.join(root, "roles", role, "tasks")
             for name in sorted(os.listdir(tasks)):
                 with open(os.path.join(tasks, name), encoding="utf-8") as handle:
                     _set_facts(yaml.safe_load(handle), outputs)
         _options[root] = tuple(sorted(names - outputs - NOT_RELEASE))
+        _secret_options[root] = tuple(sorted(secret))
     return _options[root]
+
+
+def _public(value: Any, where: str, secrets: dict[str, Any], whole: bool = False) -> Any:
+    """value with every secret in it replaced (see the module docstring); the secrets go into
+    secrets by where they were found. whole: the value itself is a secret (a no_log option)."""
+    if whole:
+        if value in (None, "", [], {}):
+            return value
+        secrets[where] = value
+        return SET
+    if isinstance(value, Mapping):
+        return {key: _public(item, f"{where}.{key}", secrets, str(key) in SECRET_FIELDS)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_public(item, f"{where}[{index}]", secrets) for index, item in enumerate(value)]
+    if isinstance(value, str) and "@" in value:
+        found = _URL_USERINFO.findall(value)
+        if found:
+            secrets[where] = [userinfo for _scheme, userinfo in found]
+            return _URL_USERINFO.sub(lambda m: f"{m.group(1)}(credentials)@", value)
+    return value
+
+
+def _split(values: Mapping[str, Any], secret_options: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """({option: value without secrets}, {option: {where: secret}}) of the inputs."""
+    public: dict[str, Any] = {}
+    secrets: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        found: dict[str, Any] = {}
+        public[name] = _public(value, name, found, name in secret_options)
+        if found:
+            secrets[name] = found
+    return public, secrets
 
 
 def _toolkit_files(root: str, tops: tuple[str, ...]) -> list[str]:
@@ -191,7 +244,8 @@ def rollout_release_toolkit(root: str) -> dict[str, Any]:
     """What every host's fingerprint shares, computed once per run (run_once in tasks/converged.yml):
     the roles' option names and the digest of the toolkit's files under root."""
     options = _role_options(root)
-    return {"options": list(options), "digest": _tree_digest(root), "phases": _phases(root, options)}
+    return {"options": list(options), "secret_options": list(_secret_options[root]),
+            "digest": _tree_digest(root), "phases": _phases(root, options)}
 
 
 def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any],
@@ -200,7 +254,8 @@ def rollout_release_fingerprint(host_vars: Mapping[str, Any], raw_vars: Mapping[
 
     host_vars: hostvars[inventory_hostname] (templated on access); raw_vars: hostvars.raw_get(...)
     for the values that cannot be templated yet; toolkit: rollout_release_toolkit(project root)."""
-    return _digest(_inputs(host_vars, raw_vars, toolkit["options"]), toolkit["digest"])
+    public, _secrets = _split(_inputs(host_vars, raw_vars, toolkit["options"]), toolkit.get("secret_options", ()))
+    return _digest(public, toolkit["digest"])
 
 
 def rollout_phase_fingerprints(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any],
@@ -208,7 +263,7 @@ def rollout_phase_fingerprints(host_vars: Mapping[str, Any], raw_vars: Mapping[s
     """{phase: fingerprint} for the install phases (see the module docstring), each chained to the one
     before it. Arguments as for rollout_release_fingerprint."""
     raw: set[str] = set()
-    values = _inputs(host_vars, raw_vars, toolkit["options"], raw)
+    values, _secrets = _split(_inputs(host_vars, raw_vars, toolkit["options"], raw), toolkit.get("secret_options", ()))
     result: dict[str, str] = {}
     before = ""
     for phase in toolkit["phases"]:
@@ -218,6 +273,33 @@ def rollout_phase_fingerprints(host_vars: Mapping[str, Any], raw_vars: Mapping[s
         before = _digest(mine, phase["digest"], before)
         result[phase["name"]] = before
     return result
+
+
+def rollout_release_secrets(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any],
+                            toolkit: Mapping[str, Any]) -> dict[str, Any]:
+    """The secrets the fingerprints leave out, for the host's module only (its no_log option
+    `secrets`, never a fact): {"release": text, "phases": {phase: text}}, each text the canonical
+    JSON of the secrets that fingerprint covers ("" when none). A phase's text covers the secrets of
+    its options (an option the phase reads only a view of counts by that view, which holds none) and
+    the text of the phase before it. Arguments as for rollout_release_fingerprint."""
+    raw: set[str] = set()
+    _public_values, secrets = _split(_inputs(host_vars, raw_vars, toolkit["options"], raw),
+                                     toolkit.get("secret_options", ()))
+
+    def text(found: Mapping[str, Any], before: str = "") -> str:
+        if not found and not before:
+            return ""
+        return json.dumps({"secrets": found, "before": before}, sort_keys=True, default=str)
+
+    phases: dict[str, str] = {}
+    before = ""
+    for phase in toolkit["phases"]:
+        views = PHASE_VIEWS.get(phase["name"], {})
+        mine = {name: secrets[name] for name in phase["options"]
+                if name in secrets and (name in raw or name not in views)}
+        before = text(mine, before)
+        phases[phase["name"]] = before
+    return {"release": text(secrets), "phases": phases}
 
 
 def _inputs(host_vars: Mapping[str, Any], raw_vars: Mapping[str, Any], names: Any,
@@ -268,5 +350,6 @@ class FilterModule:
             "rollout_release_toolkit": rollout_release_toolkit,
             "rollout_release_fingerprint": rollout_release_fingerprint,
             "rollout_phase_fingerprints": rollout_phase_fingerprints,
+            "rollout_release_secrets": rollout_release_secrets,
             "rollout_phase_outputs": rollout_phase_outputs,
         }

@@ -348,6 +348,29 @@ def redact(text: Any, secrets: Any) -> Any:
     return _KEY_IN_LOG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", result)
 
 
+SECRET_KEYS = ("api_key", "admin_api_key")
+SET = "(set)"
+
+
+def instances_shown(instances: Any) -> Any:
+    """The instances as a loop may show them at -v: each key (api_key, admin_api_key) given a
+    non-empty value reads ``(set)``, an empty one stays empty (it turns the fleet's key off), so
+    ``default(..., true)``/``length`` on it decide as on the real value. Anything else as it is."""
+    if not isinstance(instances, Sequence) or isinstance(instances, (str, bytes)):
+        return instances
+    return [{key: (SET if value else value) if key in SECRET_KEYS else value for key, value in item.items()}
+            if isinstance(item, Mapping) else item for item in instances]
+
+
+def rollback_instances(previous: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The module's instances for state=rollback_secrets, from the stat results of each planned
+    instance's `previous` pointer: its name and live file paths, and the release it points at."""
+    return [{"name": result["item"]["name"], "release_dir": result["stat"]["lnk_source"],
+             "secrets_path": result["item"]["secrets_path"], "unit_path": result["item"]["unit_path"],
+             "env_path": result["item"]["env_path"], "unit": ""}
+            for result in previous]
+
+
 def config_args(secrets_set: Any, path: Any) -> list[Any]:
     """``['--config', path]`` when the instance has a secrets file (its api keys), else ``[]``."""
     return ["--config", path] if secrets_set else []
@@ -438,6 +461,8 @@ class FilterModule:
             "sglang_service_rank_interface_env": rank_interface_env,
             "sglang_service_launch_args": launch_args,
             "sglang_service_config_args": config_args,
+            "sglang_service_instances_shown": instances_shown,
+            "sglang_service_rollback_instances": rollback_instances,
             "sglang_service_protect_home": protect_home,
             "sglang_service_secrets_digest": secrets_digest,
             "sglang_service_parse_refusal": parse_refusal,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -69,6 +70,21 @@ def probe_note(probe: Mapping[str, Any]) -> str:
     return ""
 
 
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+
+
+def url_public(url: Any) -> Any:
+    """An index URL without its user:password@ (a record, a fact and the release's hash hold no
+    credentials; pip still gets the URL as given)."""
+    return _USERINFO.sub(r"\1", url) if isinstance(url, str) else url
+
+
+def _public_urls(urls: Any) -> Any:
+    if isinstance(urls, (list, tuple)):
+        return [url_public(url) for url in urls]
+    return url_public(urls)
+
+
 def release_spec(
     set_spec: Mapping[str, Any],
     captured: bool,
@@ -86,6 +102,17 @@ def release_spec(
     if captured:
         return {"capture": (capture_summary or {}).get("archive_sha256", ""), "python": set_spec["python"]}
     spec = dict(set_spec)
+    # An index's credentials are not the release: left out of what is hashed and recorded
+    # (.hicache-fleet-packages.json, 0644).
+    for key in ("index_url", "extra_index_urls"):
+        if key in spec:
+            spec[key] = _public_urls(spec[key])
+    if isinstance(spec.get("steps"), (list, tuple)):
+        spec["steps"] = [
+            {**step, **{key: _public_urls(step[key]) for key in ("index_url", "extra_index_url") if key in step}}
+            if isinstance(step, Mapping) else step
+            for step in spec["steps"]
+        ]
     if offline:
         spec["index_url"] = ""
         spec["extra_index_urls"] = []

@@ -1,0 +1,82 @@
+"""Issue 24: a mirror URL with user:password@ is recorded without it. The rocm role's `release`
+entry point (controller-side: the desired release, a cacheable fact) runs at -v with the fact cache
+of ansible.cfg (jsonfile) in tmp: the password is neither printed nor in the cache, and the release
+names the mirror without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PASSWORD = "pw-Mirror-8Kq"  # noqa: S105 (a test password)
+
+PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {name: rocm, tasks_from: release}
+"""
+
+
+def test_the_rocm_release_fact_and_the_fact_cache_hold_no_mirror_password(tmp_path):
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    cache = tmp_path / "facts"
+    variables = {"ansible_python_interpreter": sys.executable, "rocm_source": "amd", "rocm_version": "7.2.1",
+                 "rocm_amd_suite": "noble",
+                 "rocm_amd_repo_base_url": f"https://bob:{PASSWORD}@mirror.example/radeon"}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+               ANSIBLE_FACT_CACHING="jsonfile", ANSIBLE_CACHE_PLUGIN_CONNECTION=str(cache), ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-v", "-i", "mirrorhost,", "-c", "local",
+         str(tmp_path / "play.yml"), "-e", json.dumps(variables)],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert PASSWORD not in run.stdout + run.stderr
+    (cached_file,) = cache.glob("*mirrorhost")  # ansible.cfg's fact_caching_prefix, if any
+    cached = cached_file.read_text()  # ansible-core 2.19's tagged JSON: read as text
+    assert "rocm_release" in cached
+    assert PASSWORD not in cached
+    assert "bob" not in cached
+    for uri in ("https://mirror.example/radeon/rocm/apt/7.2.1", "https://mirror.example/radeon/graphics/7.2.1/ubuntu",
+                "https://mirror.example/radeon/amdgpu/30.30.1/ubuntu"):
+        assert uri in cached
+        assert uri in run.stdout
+
+
+VENV_PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {name: sglang_venv, tasks_from: resolve}
+    - ansible.builtin.copy:
+        content: "{{ _sglang_venv_steps | to_json }}"
+        dest: "{{ out }}/steps.json"
+        mode: "0600"
+      no_log: true
+"""
+
+
+def test_the_venv_steps_are_not_printed_when_an_index_url_has_a_password(tmp_path):
+    """The steps (and pip's argv) hold the index URL as given, which pip needs: their tasks are
+    no_log when a URL carries user:password@, so -v does not print it."""
+    (tmp_path / "play.yml").write_text(VENV_PLAYBOOK)
+    variables = {"ansible_python_interpreter": sys.executable, "out": str(tmp_path),
+                 "sglang_venv_package_set": "rocm-gfx1100",
+                 "sglang_venv_rocm_torch_index_url": f"https://bob:{PASSWORD}@wheels.example/rocm"}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+               ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-v", "-i", "venvhost,", "-c", "local",
+         str(tmp_path / "play.yml"), "-e", json.dumps(variables)],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert PASSWORD not in run.stdout + run.stderr
+    # pip still gets the URL as given.
+    steps = json.loads((tmp_path / "steps.json").read_text())
+    assert f"https://bob:{PASSWORD}@wheels.example/rocm" in [step["index_url"] for step in steps]
