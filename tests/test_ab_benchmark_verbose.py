@@ -18,6 +18,14 @@ KEY = "ab-key-Vv9"
 def test_ab_benchmark_at_vvv_prints_no_instance_key(tmp_path):
     variables = {"ab_hosts": "abhost", "ansible_python_interpreter": sys.executable, "ab_instance": "main",
                  "sglang_service_state_dir": str(tmp_path / "state"),
+                 # The run lock the A/B takes, and its records, in tmp_path (not this machine's
+                 # /var/lib/hicache-fleet); the A/B's own report too.
+                 "_rollout_host_state_dir": str(tmp_path / "fleet"),
+                 "rollout_lock_path": str(tmp_path / "fleet" / "rollout.lock"),
+                 "rollout_record_path": str(tmp_path / "fleet" / "validated.json"),
+                 "rollout_converged_path": str(tmp_path / "fleet" / "converged.json"),
+                 "rollout_report_dir": str(tmp_path / "reports"),
+                 "ab_report_dir": str(tmp_path / "ab"),
                  "sglang_service_instances": [{"name": "main", "port": 30004, "api_key": KEY}]}
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory",
                ANSIBLE_NOCOLOR="1")
@@ -31,3 +39,7 @@ def test_ab_benchmark_at_vvv_prints_no_instance_key(tmp_path):
     assert "has no current release of instance main" in output
     assert run.returncode != 0
     assert KEY not in output
+    # The lock was taken in tmp_path and released when the A/B stopped.
+    assert "Lock | take the host's lock]" in output
+    assert not (tmp_path / "fleet" / "rollout.lock").exists()
+    assert not (tmp_path / "reports" / "rollout.lock").exists()
