@@ -447,15 +447,15 @@ def test_stage_note(f, pending, plan):
 def test_a_mirrors_credentials_go_to_apt_auth_not_into_the_release(f):
     """Issue 24: the release (a cacheable fact, rocm-release.json 0644) holds the URI without
     user:password; apt gets them from auth.conf.d (0600)."""
-    repos = [{"name": "rocm", "uris": "https://bob:pw-Rocm-1@mirror.example/radeon/rocm/apt/7.2.1"},
-             {"name": "amdgpu", "uris": "https://bob:pw-Rocm-1@mirror.example/radeon/amdgpu/30.30.1/ubuntu/"},
+    repos = [{"name": "rocm", "uris": "https://bob:pw-Rocm-1@127.0.0.4:9/radeon/rocm/apt/7.2.1"},
+             {"name": "amdgpu", "uris": "https://bob:pw-Rocm-1@127.0.0.4:9/radeon/amdgpu/30.30.1/ubuntu/"},
              {"name": "open", "uris": "https://repo.radeon.com/graphics/7.2.1/ubuntu"}]
     release = f.rocm_repositories(repos, "noble")
-    assert [r["uris"] for r in release] == ["https://mirror.example/radeon/rocm/apt/7.2.1",
-                                            "https://mirror.example/radeon/amdgpu/30.30.1/ubuntu/",
+    assert [r["uris"] for r in release] == ["https://127.0.0.4:9/radeon/rocm/apt/7.2.1",
+                                            "https://127.0.0.4:9/radeon/amdgpu/30.30.1/ubuntu/",
                                             "https://repo.radeon.com/graphics/7.2.1/ubuntu"]
     assert "pw-Rocm-1" not in json.dumps(release)
     assert f.rocm_apt_auth(repos) == (
-        "machine mirror.example/radeon/rocm/apt/7.2.1 login bob password pw-Rocm-1\n"
-        "machine mirror.example/radeon/amdgpu/30.30.1/ubuntu login bob password pw-Rocm-1\n")
+        "machine 127.0.0.4:9/radeon/rocm/apt/7.2.1 login bob password pw-Rocm-1\n"
+        "machine 127.0.0.4:9/radeon/amdgpu/30.30.1/ubuntu login bob password pw-Rocm-1\n")
     assert f.rocm_apt_auth(repos[2:]) == ""

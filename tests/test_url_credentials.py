@@ -27,7 +27,7 @@ def test_the_rocm_release_fact_and_the_fact_cache_hold_no_mirror_password(tmp_pa
     cache = tmp_path / "facts"
     variables = {"ansible_python_interpreter": sys.executable, "rocm_source": "amd", "rocm_version": "7.2.1",
                  "rocm_amd_suite": "noble",
-                 "rocm_amd_repo_base_url": f"https://bob:{PASSWORD}@mirror.example/radeon"}
+                 "rocm_amd_repo_base_url": f"https://bob:{PASSWORD}@127.0.0.4:9/radeon"}
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
                ANSIBLE_FACT_CACHING="jsonfile", ANSIBLE_CACHE_PLUGIN_CONNECTION=str(cache), ANSIBLE_NOCOLOR="1")
     run = subprocess.run(
@@ -42,8 +42,8 @@ def test_the_rocm_release_fact_and_the_fact_cache_hold_no_mirror_password(tmp_pa
     assert "rocm_release" in cached
     assert PASSWORD not in cached
     assert "bob" not in cached
-    for uri in ("https://mirror.example/radeon/rocm/apt/7.2.1", "https://mirror.example/radeon/graphics/7.2.1/ubuntu",
-                "https://mirror.example/radeon/amdgpu/30.30.1/ubuntu"):
+    for uri in ("https://127.0.0.4:9/radeon/rocm/apt/7.2.1", "https://127.0.0.4:9/radeon/graphics/7.2.1/ubuntu",
+                "https://127.0.0.4:9/radeon/amdgpu/30.30.1/ubuntu"):
         assert uri in cached
         assert uri in run.stdout
 
@@ -67,7 +67,7 @@ def test_the_venv_steps_are_not_printed_when_an_index_url_has_a_password(tmp_pat
     (tmp_path / "play.yml").write_text(VENV_PLAYBOOK)
     variables = {"ansible_python_interpreter": sys.executable, "out": str(tmp_path),
                  "sglang_venv_package_set": "rocm-gfx1100",
-                 "sglang_venv_rocm_torch_index_url": f"https://bob:{PASSWORD}@wheels.example/rocm"}
+                 "sglang_venv_rocm_torch_index_url": f"https://bob:{PASSWORD}@127.0.0.5:9/rocm"}
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
                ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1")
     run = subprocess.run(
@@ -79,4 +79,4 @@ def test_the_venv_steps_are_not_printed_when_an_index_url_has_a_password(tmp_pat
     assert PASSWORD not in run.stdout + run.stderr
     # pip still gets the URL as given.
     steps = json.loads((tmp_path / "steps.json").read_text())
-    assert f"https://bob:{PASSWORD}@wheels.example/rocm" in [step["index_url"] for step in steps]
+    assert f"https://bob:{PASSWORD}@127.0.0.5:9/rocm" in [step["index_url"] for step in steps]
