@@ -33,8 +33,12 @@ syntax: setup ## ansible-playbook --syntax-check on every playbook
 	$(BIN)/ansible-playbook --syntax-check site.yml
 	$(BIN)/ansible-playbook --syntax-check -i inventories/example site.yml
 
-pytest: setup ## the pytest suite (unit and integration tests)
-	$(BIN)/pytest
+# pytest workers (pytest-xdist): each test file runs whole on one worker (module fixtures run once);
+# PYTEST_WORKERS=0 runs the suite in this process, one test after another.
+PYTEST_WORKERS ?= 2
+
+pytest: setup ## the pytest suite (unit and integration tests; PYTEST_WORKERS=2 workers)
+	$(BIN)/pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 molecule: setup ## every molecule scenario on real systemd test hosts (MOLECULE_LANES=3 lanes, longest first)
 	./scripts/molecule-lanes.sh $(SCENARIOS)
