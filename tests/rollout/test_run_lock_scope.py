@@ -339,3 +339,41 @@ def test_a_failed_ab_releases_the_run_lock(fleet: Fleet) -> None:
     assert probe[-1]["locks"] == {"controller": None, "host": None}
     assert not fleet.controller_lock.exists()
     assert not fleet.host_lock.exists()
+
+
+LOCK_AROUND_A_PLAY = """
+- name: The run lock (as site.yml imports it)
+  ansible.builtin.import_playbook: {root}/playbooks/run_lock.yml
+  vars:
+    rollout_lock_scope: site.yml
+- name: Where a phase would run
+  hosts: sglang_hosts
+  gather_facts: false
+  tags: [always]
+  tasks:
+    - name: Nothing
+      ansible.builtin.meta: noop
+- name: Release the run lock (as site.yml imports it)
+  ansible.builtin.import_playbook: {root}/playbooks/run_unlock.yml
+  vars:
+    rollout_lock_scope: site.yml
+"""
+
+
+@pytest.mark.parametrize(("tags", "locked"), [("preflight", False), ("preflight,rocm", True), ("lock", True)])
+def test_a_run_of_read_only_tags_alone_takes_no_lock(fleet: Fleet, tags: str, locked: bool) -> None:
+    # `site.yml --tags preflight` changes nothing on any host: it takes no lock (a run that holds
+    # one would refuse nothing else meanwhile). A tag of a phase that changes hosts takes it.
+    playbook = fleet.tmp / "lock_around.yml"
+    playbook.write_text(LOCK_AROUND_A_PLAY.format(root=ROOT), encoding="utf-8")
+    run = fleet.run(playbook, "--tags", tags)
+    assert run.returncode == 0, run.stdout[-3000:]
+    during = next(entry["locks"] for entry in fleet.probe() if entry["play"] == "Where a phase would run")
+    if locked:
+        assert during["controller"] is not None
+        assert during["controller"] == during["host"]
+        assert during["controller"]["playbooks"] == ["lock_around.yml"]
+    else:
+        assert during == {"controller": None, "host": None}
+    assert not fleet.controller_lock.exists()
+    assert not fleet.host_lock.exists()
