@@ -80,3 +80,32 @@ def test_the_venv_steps_are_not_printed_when_an_index_url_has_a_password(tmp_pat
     # pip still gets the URL as given.
     steps = json.loads((tmp_path / "steps.json").read_text())
     assert f"https://bob:{PASSWORD}@127.0.0.5:9/rocm" in [step["index_url"] for step in steps]
+
+
+ROUTER_PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {name: rollout, tasks_from: router_check}
+"""
+
+
+def test_a_router_url_with_a_password_is_refused_without_repeating_it(tmp_path):
+    """rollout_router_url = http://user:password@...: the rollout's router check (its first router task)
+    refuses it before any request, naming the variable, and the password is not printed at -v."""
+    (tmp_path / "play.yml").write_text(ROUTER_PLAYBOOK)
+    variables = {"ansible_python_interpreter": sys.executable,
+                 "rollout_router_url": f"http://ops:{PASSWORD}@127.0.0.4:9"}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+               ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-v", "-i", "routerhost,", "-c", "local",
+         str(tmp_path / "play.yml"), "-e", json.dumps(variables)],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+    )
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said[-3000:]
+    assert ('rollout_router_url="http://127.0.0.4:9" is not a router base URL without credentials'
+            in " ".join(said.split()))
+    assert "Router | the workers it routes to" not in said
+    assert PASSWORD not in said

@@ -343,6 +343,10 @@ RUN_BAD = [
     ("host", "node\n", "the inventory host name"),
     ("rocm_key_url", "http://repo.invalid/rocm.gpg.key", "rocm_amd_key_url"),
     ("secrets", {"rollout_router_api_key": "a b"}, "rollout_router_api_key contains whitespace"),
+    ("router_url", "http://127.0.0.1:30000/workers", "rollout_router_url = 'http://127.0.0.1:30000/workers' is not"),
+    ("router_url", "http://127.0.0.1:30000\nX", "rollout_router_url"),
+    ("router_url", "ftp://127.0.0.1:30000", "rollout_router_url"),
+    ("router_url", "http://ops:pw@127.0.0.1:30000", "rollout_router_url = 'http://127.0.0.1:30000' carries a user"),
 ]
 
 
@@ -368,6 +372,17 @@ def test_the_key_url_finding_does_not_repeat_a_mirrors_password():
     (finding,) = [f for f in pi.run_input_findings(inputs) if "rocm_amd_key_url" in f]
     assert "'http://mirror.invalid/rocm/rocm.gpg.key'" in finding
     assert "pw-Finding-3" not in finding
+
+
+@pytest.mark.parametrize("url", ["", "http://127.0.0.1:30000", "https://router.invalid:8443/"])
+def test_a_router_base_url_or_none_passes(url):
+    assert pi.run_input_findings(dict(GOOD_RUN, router_url=url)) == []
+
+
+def test_the_router_url_finding_does_not_repeat_its_password():
+    (finding,) = pi.run_input_findings(dict(GOOD_RUN, router_url="http://ops:pw-Router-5@127.0.0.1:30000"))
+    assert "pw-Router-5" not in finding
+    assert "rollout_router_api_key" in finding
 
 
 def test_user_ranges_add_to_the_built_in_ones_never_replace_them():

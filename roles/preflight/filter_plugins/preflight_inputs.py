@@ -425,7 +425,7 @@ def run_input_findings(inputs: Mapping[str, Any]) -> list[str]:
 
     inputs: probe ({variable: value}), booleans ({variable: value}), knobs ({variable: value}),
     ranges (preflight_sglang_ranges), host (inventory_hostname), rocm_key_url (or rocm_repo_base_url, from
-    which the rocm role derives it), secrets.
+    which the rocm role derives it), router_url (rollout_router_url), secrets.
     """
     found: list[str] = []
     for name, value in (inputs.get("probe") or {}).items():
@@ -469,8 +469,29 @@ def run_input_findings(inputs: Mapping[str, Any]) -> list[str]:
             f"rocm_amd_key_url = {shown!r} is not an https:// URL; the key that signs every ROCm package must come "
             "over TLS (set rocm_amd_key_url or rocm_amd_repo_base_url to https://...)."
         )
+    found += _router_url_findings(inputs.get("router_url"))
     found += secret_findings(inputs.get("secrets") or {})
     return found
+
+
+def _router_url_findings(url: Any) -> list[str]:
+    """rollout_router_url: "" (no router) or http(s)://HOST:PORT, without user:password@ (the router's key is
+    rollout_router_api_key, sent as a header by no_log tasks; a URL is printed, logged and reported)."""
+    if url in (None, "", "None"):
+        return []
+    text = str(url)
+    shown = re.sub(r"://[^/@]*@", "://", text)  # user:password is not repeated
+    if re.fullmatch(r"https?://[^/@\s\x00-\x1f\x7f]+@[^/\s\x00-\x1f\x7f]+/?", text):
+        return [
+            f"rollout_router_url = {shown!r} carries a user:password@; a URL is printed and written into reports, so "
+            "leave credentials out of it and put the router's key in rollout_router_api_key (vault)."
+        ]
+    if not re.fullmatch(r"https?://[^/@\s\x00-\x1f\x7f]+/?", text):
+        return [
+            f"rollout_router_url = {shown!r} is not a router base URL; set it to http://HOST:PORT (the sglang-router's "
+            'address), or to "" for no router.'
+        ]
+    return []
 
 
 def instance_environments(instances: Any) -> dict[str, Any]:
