@@ -96,6 +96,22 @@ def test_trailing_newlines_and_options_elsewhere_are_refused(main, expected):
     assert any(expected in p for p in found), found
 
 
+@pytest.mark.parametrize(
+    ("main", "expected"),
+    [
+        ({"name": "m", "source": "http", "http_base_url": "https://bob:pw-Models-4@127.0.0.4:9/m",
+          "manifest": [entry("x")]},
+         'models_main.http_base_url "https://127.0.0.4:9/m" carries a user:password@'),
+        ({"name": "m", "source": "http", "manifest": [{**entry("x"), "url": "http://bob:pw-Models-4@127.0.0.4:9/x"}]},
+         "models_main: manifest entry x has a url with a user:password@ (http://127.0.0.4:9/x)"),
+    ],
+)
+def test_a_url_with_credentials_is_refused_without_repeating_them(main, expected):
+    found = problems(main)
+    assert any(expected in p for p in found), found
+    assert "pw-Models-4" not in " ".join(found)
+
+
 def test_models_dir_with_a_newline_is_refused():
     found = problems(sync_model("/src/m", [entry("x")]), "/srv/models\n")
     assert any('models_dir "/srv/models\\n" must be an absolute path' in p for p in found), found

@@ -144,6 +144,16 @@ def load_manifest_file(path: str) -> tuple[list[Any], str | None]:
     return data, None
 
 
+# A URL's user:password@ would be printed (loop labels, -v) and kept in the plan: refused.
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
+_NO_URL_CREDENTIALS = ("a URL is printed and recorded, so it carries no credentials: serve the files from a mirror "
+                       "that needs none (a private network), or use source sync")
+
+
+def _without_userinfo(url: str) -> str:
+    return _USERINFO.sub(lambda m: m.group(0).split("://")[0] + "://", url)
+
+
 def _manifest(var: str, model: Mapping[str, Any], problems: list[str]) -> list[dict[str, Any]]:
     raw: Any = model.get("manifest") or []
     if not raw and model.get("manifest_file"):
@@ -174,6 +184,9 @@ def _manifest(var: str, model: Mapping[str, Any], problems: list[str]) -> list[d
         if _CONTROL.search(str(entry.get("url") or "")):
             problems.append(f"{var}: manifest entry {path} has a url with a control character: "
                             f"{json.dumps(str(entry.get('url')))}")
+        elif _USERINFO.search(str(entry.get("url") or "")):
+            problems.append(f"{var}: manifest entry {path} has a url with a user:password@ "
+                            f"({_without_userinfo(str(entry.get('url')))}); {_NO_URL_CREDENTIALS}")
         files.append({
             "path": path,
             "sha256": sha,
@@ -210,6 +223,9 @@ def _model(var: str, model: Any, models_dir: str, problems: list[str]) -> dict[s
     base = str(model.get("http_base_url") or "")
     if _CONTROL.search(base):
         problems.append(f"{var}.http_base_url {json.dumps(base)} holds a control character")
+    elif _USERINFO.search(base):
+        problems.append(f"{var}.http_base_url {json.dumps(_without_userinfo(base))} carries a user:password@; "
+                        f"{_NO_URL_CREDENTIALS}")
     if source == "http" and not model.get("http_base_url") and not all(f["own_url"] for f in files):
         problems.append(f"{var}.http_base_url is empty and not every manifest entry has its own url (source http)")
     sync_src = str(model.get("sync_src") or "")
