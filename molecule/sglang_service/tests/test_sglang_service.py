@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 import urllib.error
@@ -534,3 +535,42 @@ def test_change_restarts_only_main_then_rollback_restores_it(host):
     run = playbook("converge.yml")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "changed=0" in run.stdout, run.stdout[-3000:]
+
+
+# --- every key, in every file (issue 24): last, after the side effect and verify's own runs --------
+JOURNAL_DIRS = ("/var/log/journal/", "/run/log/journal/")
+
+
+def secrets_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name in ("secrets", "secrets.yaml") or name.endswith(".secrets.yaml")
+
+
+def test_no_key_in_any_file_but_its_secrets_files(host):
+    """The scenario's keys (-e, group_vars, per instance, the side effect's) searched in every file of the
+    host (a whole-filesystem grep, /proc, /sys and /dev left out) and in what the runs wrote on the
+    controller (the scenario's ephemeral directory: inventory, reports): only secrets files hold one,
+    none readable by other users; the journal holds the keys SGLang (here: the simulator, and the side
+    effect's ExecStartPre) logs, readable by root and the systemd-journal group only: on systemd 252 no
+    LogFilterPatterns= (roles/sglang_service/README.md, "Where secrets live")."""
+    keys = sorted(set(KEYS.values()) | set(side_effect_record()["keys"]))
+    patterns = " ".join(f"-e {shlex.quote(k)}" for k in keys)
+    found = host.run(f"grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev {patterns} / 2>/dev/null")
+    assert found.rc in (0, 1), found.stderr
+    paths = found.stdout.split()
+    assert any(p == "/etc/sglang/main.secrets.yaml" for p in paths), paths  # the search finds what is there
+    wrong = []
+    for path in paths:
+        mode, owner, group = host.check_output("stat -c '%%a %%U %%G' %s", path).split()
+        other_can_read = int(mode, 8) & 0o004
+        if path.startswith(JOURNAL_DIRS):
+            ok = owner == "root" and group in ("root", "systemd-journal", "adm") and not other_can_read
+        else:
+            ok = secrets_file(path) and not other_can_read and (owner == "root" or path.startswith("/run/credentials/"))
+        if not ok:
+            wrong.append(f"{path} ({mode} {owner}:{group})")
+    assert not wrong, "a key in files other than its secrets files: " + ", ".join(wrong)
+    controller = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+    leaked = [str(p) for p in controller.rglob("*") if p.is_file() and p.name != "side_effect.json"
+              and any(k in p.read_text(errors="replace") for k in keys)]
+    assert not leaked, leaked
