@@ -28,8 +28,9 @@ description:
     O(changing), the release C(<state_dir>/current) points at becomes C(<state_dir>/previous) (a
     unit found there without a C(current) pointer, installed before the role managed the instance,
     is first kept as the release C(releases/adopted-<sha12>/) and becomes C(previous)); then every
-    instance's environment file (mode C(0600)), secrets file (C(0640), group O(service_group); removed
-    for an instance without keys) and unit (C(0644)) are written where they differ, and C(current)
+    instance's environment file (mode C(0600)), secrets file (C(0600), root's alone: the unit loads it as
+    the systemd credential C(secrets.yaml); removed for an instance without keys) and unit (C(0644))
+    are written where they differ, and C(current)
     points at O(instances[].release_dir). RV(restart) names the instances whose files changed. With
     C(--diff) it shows the unit and environment file changes (never the secrets file's).
   - The logic lives in module_utils/sglang_service_release.py (tested on its own).
@@ -46,10 +47,12 @@ options:
       - C(active) installs the staged release (see the description).
       - >-
         C(rollback_secrets), the role's C(rollback) before it restores a release: each instance's
-        secrets file holds the keys of O(secrets) (the inventory now, C(0640), group
-        O(service_group)), never those of the release O(instances[].release_dir) it goes back to; an
-        instance whose release and O(secrets) disagree on having keys at all is refused, for every
-        instance before anything is written.
+        secrets file holds the keys of O(secrets) (the inventory now), never those of the release
+        O(instances[].release_dir) it goes back to; an instance whose release and O(secrets) disagree
+        on having keys at all is refused, for every instance before anything is written. The file is
+        C(0600) root's when that release's unit loads it as a credential (C(LoadCredential=secrets.yaml:)),
+        else (a release staged before credentials, whose SGLang opens the path as the service user)
+        C(0640) with group O(service_group).
     type: str
     choices: [scratch, staged, active, rollback_secrets]
     default: staged
@@ -158,7 +161,11 @@ options:
     elements: str
     default: []
   service_group:
-    description: With O(state=active), the group of the secrets files (the service's group).
+    description:
+      - >-
+        With O(state=rollback_secrets), the group of a secrets file restored for a release staged before
+        systemd credentials (its unit has no C(LoadCredential=secrets.yaml:) line and SGLang reads the
+        file as the service user). O(state=active) writes every secrets file root's alone.
     type: str
     default: root
 """
@@ -196,7 +203,6 @@ EXAMPLES = r"""
         unit: "{{ unit_text }}"
     env: {main: "{{ env_text }}"}
     changing: "{{ staged.pending }}"
-    service_group: sglang
   register: installed
 """
 
@@ -298,7 +304,7 @@ def main():
     owner = (0, 0) if os.geteuid() == 0 else None
     env, secrets = module.params["env"] or {}, module.params["secrets"] or {}
     gid = None
-    if state in ("active", "rollback_secrets") and owner is not None:
+    if state == "rollback_secrets" and owner is not None:
         try:
             gid = grp.getgrnam(module.params["service_group"]).gr_gid
         except KeyError:
@@ -313,7 +319,7 @@ def main():
             result = stage(module.params["instances"], env, secrets, module.check_mode, owner)
         else:
             result = activate(module.params["instances"], env, secrets, module.params["changing"], module.check_mode,
-                              owner, gid, want_diff=module._diff)
+                              owner, want_diff=module._diff)
             if not module._diff:
                 result.pop("diff")
     except RollbackRefused as exc:
