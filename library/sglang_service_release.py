@@ -53,8 +53,13 @@ options:
         C(0600) root's when that release's unit loads it as a credential (C(LoadCredential=secrets.yaml:)),
         else (a release staged before credentials, whose SGLang opens the path as the service user)
         C(0640) with group O(service_group).
+      - >-
+        C(dropins) looks for systemd drop-ins (C(*.conf)) in each instance's O(instances[].dropin_dirs); the
+        toolkit writes none, so every one found is foreign. Without O(remove) it fails naming each file
+        and the fix, changing nothing; with O(remove) it deletes them (RV(removed); RV(instances) must
+        restart, after a daemon-reload). Check mode deletes nothing.
     type: str
-    choices: [scratch, staged, active, rollback_secrets]
+    choices: [scratch, staged, active, rollback_secrets, dropins]
     default: staged
   instances:
     description:
@@ -79,6 +84,10 @@ options:
         description: The live secrets file; an instance without keys must have none.
         type: path
         required: true
+      dropin_dirs:
+        description: With O(state=dropins), the drop-in directories of the instance's unit (absolute paths).
+        type: list
+        elements: path
       release_dir:
         description: The release directory to keep the candidate in (an absolute path).
         type: path
@@ -160,6 +169,10 @@ options:
     type: list
     elements: str
     default: []
+  remove:
+    description: With O(state=dropins), delete the foreign drop-ins instead of refusing them.
+    type: bool
+    default: false
   service_group:
     description:
       - >-
@@ -237,6 +250,18 @@ changed_paths:
   type: list
   elements: str
   sample: [/etc/sglang/main.env, /var/lib/sglang/main/current]
+instances:
+  description: With O(state=dropins) and O(remove), the instances that had a foreign drop-in (they restart).
+  returned: with O(state=dropins)
+  type: list
+  elements: str
+  sample: [main]
+removed:
+  description: With O(state=dropins) and O(remove), the drop-in files deleted (in check mode, that would be).
+  returned: with O(state=dropins)
+  type: list
+  elements: str
+  sample: [/etc/systemd/system/sglang-main.service.d/override.conf]
 written:
   description:
     - The release directory and files created or rewritten (in check mode, that would be).
@@ -251,7 +276,15 @@ import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_service_release import RollbackRefused, activate, rollback_secrets, scratch, stage
+from ansible.module_utils.sglang_service_release import (
+    DropinsRefused,
+    RollbackRefused,
+    activate,
+    dropins,
+    rollback_secrets,
+    scratch,
+    stage,
+)
 
 INSTANCE_OPTIONS = {
     "name": {"type": "str", "required": True},
@@ -259,6 +292,7 @@ INSTANCE_OPTIONS = {
     "env_path": {"type": "path", "required": True},
     "secrets_path": {"type": "path", "required": True},
     "release_dir": {"type": "path", "required": True},
+    "dropin_dirs": {"type": "list", "elements": "path"},
     "unit": {"type": "str", "required": True},
     "argv_json": {"type": "str"},
     "release_json": {"type": "str"},
@@ -275,13 +309,14 @@ NEEDED = {
     "staged": ("argv_json", "release_json"),
     "active": ("state_dir", "releases_dir", "unit_name", "bind", "port"),
     "rollback_secrets": (),
+    "dropins": ("dropin_dirs",),
 }
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "choices": ["scratch", "staged", "active", "rollback_secrets"],
+            "state": {"type": "str", "choices": ["scratch", "staged", "active", "rollback_secrets", "dropins"],
                       "default": "staged"},
             "instances": {"type": "list", "elements": "dict", "required": True, "options": INSTANCE_OPTIONS},
             # The env file holds no keys (they are in the secrets file): shown in --diff like the unit.
@@ -289,6 +324,7 @@ def main():
             "secrets": {"type": "dict", "default": {}, "no_log": True},
             "changing": {"type": "list", "elements": "str", "default": []},
             "service_group": {"type": "str", "default": "root"},
+            "remove": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -311,7 +347,9 @@ def main():
             module.fail_json(msg=f"service_group {module.params['service_group']!r} is not a group on this host "
                                  "(sglang_service_group: the service user's group, created by the role's user step)")
     try:
-        if state == "scratch":
+        if state == "dropins":
+            result = dropins(module.params["instances"], module.params["remove"], module.check_mode)
+        elif state == "scratch":
             result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False}
         elif state == "rollback_secrets":
             result = rollback_secrets(module.params["instances"], secrets, module.check_mode, owner, gid)
@@ -322,7 +360,7 @@ def main():
                               owner, want_diff=module._diff)
             if not module._diff:
                 result.pop("diff")
-    except RollbackRefused as exc:
+    except (RollbackRefused, DropinsRefused) as exc:
         module.fail_json(msg=str(exc))
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"the release ({state}) failed: {exc}")

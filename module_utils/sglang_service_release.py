@@ -367,3 +367,50 @@ def rollback_secrets(instances, secrets, check_mode, owner=None, secrets_gid=Non
         elif remove_file(instance["secrets_path"], check_mode):
             changed_paths.append(instance["secrets_path"])
     return {"kept": kept, "changed_paths": changed_paths, "changed": bool(changed_paths)}
+
+
+# --- drop-ins: a unit's overrides the toolkit did not write ----------------------------------------
+
+
+class DropinsRefused(ValueError):
+    """A drop-in the toolkit did not write overrides an instance's unit: nothing was changed."""
+
+
+def foreign_dropins(instances):
+    """{instance name: [drop-in files]} for each instance with a `*.conf` in one of its
+    `dropin_dirs` (its own `<unit>.d/` and the prefix `sglang-.service.d/`, under /etc and /run).
+    The toolkit writes none: every one found is foreign and can undo the unit's sandbox."""
+    found = {}
+    for instance in instances:
+        files = []
+        for directory in instance.get("dropin_dirs") or []:
+            try:
+                names = sorted(os.listdir(directory))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            files.extend(os.path.join(directory, n) for n in names if n.endswith(".conf"))
+        if files:
+            found[instance["name"]] = list(dict.fromkeys(files))
+    return found
+
+
+def dropins(instances, remove, check_mode):
+    """Refuse (DropinsRefused, naming every file and the fix) or, with `remove`, delete the foreign
+    drop-ins of the instances. Returns {instances, removed, changed}: `instances` names those that had
+    one (with `remove` they restart), `removed` the files deleted (or that would be, in check mode)."""
+    found = foreign_dropins(instances)
+    if found and not remove:
+        listed = "; ".join(f"{name}: {', '.join(files)}" for name, files in found.items())
+        raise DropinsRefused(
+            f"refused, nothing changed: systemd drop-ins this toolkit did not write override the SGLang units "
+            f"({listed}). A drop-in can undo the unit's sandbox (User=root, ExecStartPre=+...). Move what it "
+            "must set into the inventory (sglang_service_unit_extra) and delete it, or set "
+            "sglang_service_remove_foreign_dropins: true to have the role delete it and restart the instance.")
+    removed = []
+    for files in found.values():
+        for path in files:
+            if os.path.lexists(path) and path not in removed:
+                if not check_mode:
+                    os.unlink(path)
+                removed.append(path)
+    return {"instances": list(found), "removed": removed, "changed": bool(removed)}

@@ -467,3 +467,72 @@ def test_the_rollback_filter_hands_the_module_each_instance_and_its_previous_rel
     assert filters.rollback_instances(previous) == [
         {"name": "main", "release_dir": "/var/lib/sglang/main/releases/aaaaaaaaaaaa",
          "secrets_path": "/etc/sglang/main.secrets.yaml", "unit_path": "/u", "env_path": "/e", "unit": ""}]
+
+
+# --- state=dropins: systemd drop-ins the toolkit did not write ------------------------------------
+
+
+def _with_dropin_dirs(tmp_path: Path, name: str) -> dict:
+    inst = _instance(tmp_path, name)
+    units = tmp_path / "etc" / "systemd" / "system"
+    run = tmp_path / "run" / "systemd" / "system"
+    inst["dropin_dirs"] = [str(units / f"sglang-{name}.service.d"), str(units / "sglang-.service.d"),
+                           str(run / f"sglang-{name}.service.d"), str(run / "sglang-.service.d")]
+    return inst
+
+
+def test_no_dropin_passes_and_changes_nothing(tmp_path):
+    main, other = _with_dropin_dirs(tmp_path, "main"), _with_dropin_dirs(tmp_path, "other")
+    Path(main["dropin_dirs"][0]).mkdir(parents=True)
+    (Path(main["dropin_dirs"][0]) / "notes.txt").write_text("not a .conf\n")
+    assert release.dropins([main, other], remove=False, check_mode=False) == {
+        "instances": [], "removed": [], "changed": False}
+
+
+def test_a_foreign_dropin_is_refused_naming_it_and_the_fix(tmp_path):
+    main, other = _with_dropin_dirs(tmp_path, "main"), _with_dropin_dirs(tmp_path, "other")
+    override = Path(main["dropin_dirs"][2]) / "override.conf"  # under /run
+    override.parent.mkdir(parents=True)
+    override.write_text("[Service]\nUser=root\n")
+    with pytest.raises(release.DropinsRefused) as refused:
+        release.dropins([main, other], remove=False, check_mode=False)
+    text = str(refused.value)
+    assert f"main: {override}" in text
+    assert "other:" not in text
+    assert "refused, nothing changed" in text
+    assert "sglang_service_remove_foreign_dropins: true" in text
+    assert override.exists()
+
+
+def test_with_the_opt_in_the_dropins_are_removed_and_their_instances_restart(tmp_path):
+    main, other = _with_dropin_dirs(tmp_path, "main"), _with_dropin_dirs(tmp_path, "other")
+    own = Path(main["dropin_dirs"][0]) / "override.conf"
+    shared = Path(main["dropin_dirs"][1]) / "10-all.conf"  # sglang-.service.d: every instance's
+    for path in (own, shared):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("[Service]\nExecStartPre=+/bin/true\n")
+    checked = release.dropins([main, other], remove=True, check_mode=True)  # stage: read only
+    assert checked["instances"] == ["main", "other"]
+    assert own.exists()
+    assert shared.exists()
+    done = release.dropins([main, other], remove=True, check_mode=False)
+    assert done["instances"] == ["main", "other"]
+    assert sorted(done["removed"]) == sorted([str(own), str(shared)])
+    assert done["changed"] is True
+    assert not own.exists()
+    assert not shared.exists()
+    assert release.dropins([main, other], remove=False, check_mode=False)["changed"] is False
+
+
+def test_the_module_refuses_a_dropin_through_ansible(tmp_path):
+    inst = _with_dropin_dirs(tmp_path, "main")
+    override = Path(inst["dropin_dirs"][0]) / "override.conf"
+    override.parent.mkdir(parents=True)
+    override.write_text("[Service]\nUser=root\n")
+    refused = _ansible(tmp_path, {"state": "dropins", "instances": [inst]})
+    assert refused.returncode != 0
+    assert f"main: {override}" in refused.stdout, refused.stdout
+    assert override.exists()
+    removed = _ansible(tmp_path, {"state": "dropins", "instances": [inst], "remove": True})
+    assert removed.returncode == 0, removed.stdout
+    assert not override.exists()

@@ -114,6 +114,10 @@ def test_keys_only_in_the_secrets_file(rendered):
     assert plan["main"]["check_argv"][-2:] == ["--config", "/run/sglang-service-staging/main/secrets.yaml"]
     assert plan["own"]["admin_api_key_set"] is True
     assert plan["open"]["secrets_set"] is False
+    # Where stage looks for drop-ins it refuses (its own and the prefix sglang-.service.d, /etc and /run).
+    assert plan["main"]["dropin_dirs"] == [
+        "/etc/systemd/system/sglang-main.service.d", "/etc/systemd/system/sglang-.service.d",
+        "/run/systemd/system/sglang-main.service.d", "/run/systemd/system/sglang-.service.d"]
     assert "--config" not in plan["open"]["launch_argv"]
 
 
