@@ -79,6 +79,15 @@ options:
     type: list
     elements: path
     default: []
+  absent:
+    description:
+      - >-
+        Absolute glob patterns of files that must not exist, such as systemd drop-ins the toolkit never
+        writes (C(/etc/systemd/system/sglang-*.service.d/*.conf)). O(state=check) expands them on every
+        call (they are not recorded) and gives one reason per match, naming it; O(state=record) ignores them.
+    type: list
+    elements: path
+    default: []
   trees:
     description:
       - >-
@@ -367,7 +376,7 @@ def validate(params):
         errors.append(f"path must be an absolute path, not {params['path']!r}.")
     if not params["fingerprint"]:
         errors.append("fingerprint must not be empty.")
-    for opt in ("files", "trees"):
+    for opt in ("files", "trees", "absent"):
         for item in params[opt]:
             if not os.path.isabs(item):
                 errors.append(f"{opt} must be absolute paths, not {item!r}.")
@@ -619,6 +628,15 @@ def tree_reasons(trees):
     return reasons
 
 
+def absent_reasons(patterns):
+    """One reason per file matching a glob of files that must not exist (read on every check)."""
+    reasons = []
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern, recursive=True)):
+            reasons.append(f"{path} exists and must not (it matches {pattern})")
+    return reasons
+
+
 def scope_reasons(params, rec):
     reasons = []
     asked = {"files": params["files"], "trees": params["trees"], "units": params["units"]}
@@ -652,6 +670,7 @@ def check(module, params):
     reasons = scope_reasons(params, rec)
     reasons += file_reasons(key, rec["files"], skip)
     reasons += tree_reasons(rec["trees"])
+    reasons += absent_reasons(params["absent"])
     states = unit_states(module, rec["units"])
     reasons += [f"{u} is not active ({s})" for u, s in states.items() if s != "active"]
     # A file matched by two recorded globs is told once.
@@ -676,6 +695,7 @@ def main():
             "fingerprint": {"type": "str", "required": True, "no_log": True},
             "files": {"type": "list", "elements": "path", "default": []},
             "trees": {"type": "list", "elements": "path", "default": []},
+            "absent": {"type": "list", "elements": "path", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
             "phases": {"type": "dict", "default": {}, "no_log": True},
             "secrets": {"type": "dict", "default": {}, "no_log": True},

@@ -28,8 +28,9 @@ description:
     O(changing), the release C(<state_dir>/current) points at becomes C(<state_dir>/previous) (a
     unit found there without a C(current) pointer, installed before the role managed the instance,
     is first kept as the release C(releases/adopted-<sha12>/) and becomes C(previous)); then every
-    instance's environment file (mode C(0600)), secrets file (C(0640), group O(service_group); removed
-    for an instance without keys) and unit (C(0644)) are written where they differ, and C(current)
+    instance's environment file (mode C(0600)), secrets file (C(0600), root's alone: the unit loads it as
+    the systemd credential C(secrets.yaml); removed for an instance without keys) and unit (C(0644))
+    are written where they differ, and C(current)
     points at O(instances[].release_dir). RV(restart) names the instances whose files changed. With
     C(--diff) it shows the unit and environment file changes (never the secrets file's).
   - The logic lives in module_utils/sglang_service_release.py (tested on its own).
@@ -46,12 +47,19 @@ options:
       - C(active) installs the staged release (see the description).
       - >-
         C(rollback_secrets), the role's C(rollback) before it restores a release: each instance's
-        secrets file holds the keys of O(secrets) (the inventory now, C(0640), group
-        O(service_group)), never those of the release O(instances[].release_dir) it goes back to; an
-        instance whose release and O(secrets) disagree on having keys at all is refused, for every
-        instance before anything is written.
+        secrets file holds the keys of O(secrets) (the inventory now), never those of the release
+        O(instances[].release_dir) it goes back to; an instance whose release and O(secrets) disagree
+        on having keys at all is refused, for every instance before anything is written. The file is
+        C(0600) root's when that release's unit loads it as a credential (C(LoadCredential=secrets.yaml:)),
+        else (a release staged before credentials, whose SGLang opens the path as the service user)
+        C(0640) with group O(service_group).
+      - >-
+        C(dropins) looks for systemd drop-ins (C(*.conf)) in each instance's O(instances[].dropin_dirs); the
+        toolkit writes none, so every one found is foreign. Without O(remove) it fails naming each file
+        and the fix, changing nothing; with O(remove) it deletes them (RV(removed); RV(instances) must
+        restart, after a daemon-reload). Check mode deletes nothing.
     type: str
-    choices: [scratch, staged, active, rollback_secrets]
+    choices: [scratch, staged, active, rollback_secrets, dropins]
     default: staged
   instances:
     description:
@@ -76,6 +84,10 @@ options:
         description: The live secrets file; an instance without keys must have none.
         type: path
         required: true
+      dropin_dirs:
+        description: With O(state=dropins), the drop-in directories of the instance's unit (absolute paths).
+        type: list
+        elements: path
       release_dir:
         description: The release directory to keep the candidate in (an absolute path).
         type: path
@@ -157,8 +169,16 @@ options:
     type: list
     elements: str
     default: []
+  remove:
+    description: With O(state=dropins), delete the foreign drop-ins instead of refusing them.
+    type: bool
+    default: false
   service_group:
-    description: With O(state=active), the group of the secrets files (the service's group).
+    description:
+      - >-
+        With O(state=rollback_secrets), the group of a secrets file restored for a release staged before
+        systemd credentials (its unit has no C(LoadCredential=secrets.yaml:) line and SGLang reads the
+        file as the service user). O(state=active) writes every secrets file root's alone.
     type: str
     default: root
 """
@@ -196,7 +216,6 @@ EXAMPLES = r"""
         unit: "{{ unit_text }}"
     env: {main: "{{ env_text }}"}
     changing: "{{ staged.pending }}"
-    service_group: sglang
   register: installed
 """
 
@@ -231,6 +250,18 @@ changed_paths:
   type: list
   elements: str
   sample: [/etc/sglang/main.env, /var/lib/sglang/main/current]
+instances:
+  description: With O(state=dropins) and O(remove), the instances that had a foreign drop-in (they restart).
+  returned: with O(state=dropins)
+  type: list
+  elements: str
+  sample: [main]
+removed:
+  description: With O(state=dropins) and O(remove), the drop-in files deleted (in check mode, that would be).
+  returned: with O(state=dropins)
+  type: list
+  elements: str
+  sample: [/etc/systemd/system/sglang-main.service.d/override.conf]
 written:
   description:
     - The release directory and files created or rewritten (in check mode, that would be).
@@ -245,7 +276,15 @@ import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_service_release import RollbackRefused, activate, rollback_secrets, scratch, stage
+from ansible.module_utils.sglang_service_release import (
+    DropinsRefused,
+    RollbackRefused,
+    activate,
+    dropins,
+    rollback_secrets,
+    scratch,
+    stage,
+)
 
 INSTANCE_OPTIONS = {
     "name": {"type": "str", "required": True},
@@ -253,6 +292,7 @@ INSTANCE_OPTIONS = {
     "env_path": {"type": "path", "required": True},
     "secrets_path": {"type": "path", "required": True},
     "release_dir": {"type": "path", "required": True},
+    "dropin_dirs": {"type": "list", "elements": "path"},
     "unit": {"type": "str", "required": True},
     "argv_json": {"type": "str"},
     "release_json": {"type": "str"},
@@ -269,13 +309,14 @@ NEEDED = {
     "staged": ("argv_json", "release_json"),
     "active": ("state_dir", "releases_dir", "unit_name", "bind", "port"),
     "rollback_secrets": (),
+    "dropins": ("dropin_dirs",),
 }
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "choices": ["scratch", "staged", "active", "rollback_secrets"],
+            "state": {"type": "str", "choices": ["scratch", "staged", "active", "rollback_secrets", "dropins"],
                       "default": "staged"},
             "instances": {"type": "list", "elements": "dict", "required": True, "options": INSTANCE_OPTIONS},
             # The env file holds no keys (they are in the secrets file): shown in --diff like the unit.
@@ -283,6 +324,7 @@ def main():
             "secrets": {"type": "dict", "default": {}, "no_log": True},
             "changing": {"type": "list", "elements": "str", "default": []},
             "service_group": {"type": "str", "default": "root"},
+            "remove": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -298,14 +340,16 @@ def main():
     owner = (0, 0) if os.geteuid() == 0 else None
     env, secrets = module.params["env"] or {}, module.params["secrets"] or {}
     gid = None
-    if state in ("active", "rollback_secrets") and owner is not None:
+    if state == "rollback_secrets" and owner is not None:
         try:
             gid = grp.getgrnam(module.params["service_group"]).gr_gid
         except KeyError:
             module.fail_json(msg=f"service_group {module.params['service_group']!r} is not a group on this host "
                                  "(sglang_service_group: the service user's group, created by the role's user step)")
     try:
-        if state == "scratch":
+        if state == "dropins":
+            result = dropins(module.params["instances"], module.params["remove"], module.check_mode)
+        elif state == "scratch":
             result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False}
         elif state == "rollback_secrets":
             result = rollback_secrets(module.params["instances"], secrets, module.check_mode, owner, gid)
@@ -313,10 +357,10 @@ def main():
             result = stage(module.params["instances"], env, secrets, module.check_mode, owner)
         else:
             result = activate(module.params["instances"], env, secrets, module.params["changing"], module.check_mode,
-                              owner, gid, want_diff=module._diff)
+                              owner, want_diff=module._diff)
             if not module._diff:
                 result.pop("diff")
-    except RollbackRefused as exc:
+    except (RollbackRefused, DropinsRefused) as exc:
         module.fail_json(msg=str(exc))
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"the release ({state}) failed: {exc}")

@@ -148,7 +148,14 @@ def stage(instances, env, secrets, check_mode, owner=None):
 
 UNIT_MODE = 0o644
 ENV_MODE = 0o600
-SECRETS_MODE = 0o640
+# The live secrets file is root's alone: the unit hands it to its instance as a systemd credential
+# (LoadCredential=secrets.yaml:<path>, SGLang reads --config %d/secrets.yaml), so no other instance's
+# user, nor the service group, can read it.
+SECRETS_MODE = 0o600
+# A release staged before the credential (its unit reads --config <path> as the service user) needs
+# the file readable by the service group: only a rollback to such a release writes it so.
+LEGACY_SECRETS_MODE = 0o640
+CREDENTIAL_LINE = "LoadCredential=secrets.yaml:"
 
 
 def _read_text(path):
@@ -215,11 +222,12 @@ def _diff(path, before, after):
     return {"before_header": path, "after_header": path, "before": before or "", "after": after}
 
 
-def activate(instances, env, secrets, changing, check_mode, owner=None, secrets_gid=None, want_diff=False):
+def activate(instances, env, secrets, changing, check_mode, owner=None, want_diff=False):
     """Install each instance's staged release: for an instance in `changing`, the release `current`
     points at becomes `previous` (or a unit that was there unmanaged is adopted as `previous`); then
-    every instance's env file (0600), secrets file (0640, the service group; none without keys) and
-    unit (0644) are written where they differ, and `current` points at the staged release.
+    every instance's env file (0600), secrets file (0600, root's: the unit loads it as a credential;
+    none without keys) and unit (0644) are written where they differ, and `current` points at the
+    staged release.
 
     Returns {restart, units_changed, changed_paths, diff, changed}: `restart` names the instances
     whose env, secrets or unit file changed (they restart), in the order given; `diff` (with
@@ -228,7 +236,6 @@ def activate(instances, env, secrets, changing, check_mode, owner=None, secrets_
     restart, changed_paths, diffs = [], [], []
     units_changed = False
     root = owner
-    secrets_owner = None if owner is None else (owner[0], owner[1] if secrets_gid is None else secrets_gid)
     for instance in instances:
         name = instance["name"]
         current = os.path.join(instance["state_dir"], "current")
@@ -255,7 +262,7 @@ def activate(instances, env, secrets, changing, check_mode, owner=None, secrets_
                 diffs.append(_diff(instance["env_path"], env_before, env_text))
         secrets_text = secrets.get(name, "") or ""
         if secrets_text:
-            wrote = ensure_file(instance["secrets_path"], secrets_text, check_mode, secrets_owner, SECRETS_MODE)
+            wrote = ensure_file(instance["secrets_path"], secrets_text, check_mode, root, SECRETS_MODE)
         else:
             wrote = remove_file(instance["secrets_path"], check_mode)
         if wrote:
@@ -306,6 +313,12 @@ def scratch(instances, env, secrets, owner=None):
 # --- rollback: the keys stay those of the inventory now --------------------------------------------
 
 
+def loads_credential(unit_path):
+    """Whether the unit at `unit_path` hands the secrets file to SGLang as a systemd credential."""
+    text = _read_text(unit_path) or ""
+    return any(line.startswith(CREDENTIAL_LINE) for line in text.splitlines())
+
+
 class RollbackRefused(ValueError):
     """A rollback that would change which keys an instance serves with: nothing was written."""
 
@@ -317,6 +330,10 @@ def rollback_secrets(instances, secrets, check_mode, owner=None, secrets_gid=Non
     inventory disagree on having keys at all is refused, every instance checked before anything is
     written: a release staged with keys reads them from the file (with none now it would not
     start), one staged without would serve without the key the inventory sets now.
+
+    The file is root's alone (0600) when the release's unit loads it as a systemd credential; a
+    release staged before that (its unit passes the path and SGLang opens it as the service user)
+    gets it as that release expects, root:<secrets_gid> 0640, or it would not start.
 
     Returns {kept, changed_paths, changed}: `kept` names the instances whose current keys stay.
     Raises RollbackRefused naming each refused instance and what to do.
@@ -336,13 +353,64 @@ def rollback_secrets(instances, secrets, check_mode, owner=None, secrets_gid=Non
         raise RollbackRefused("rollback refused, nothing changed: " + "; ".join(refusals)
                               + ". Fix the instance's config and run the rollout again, or roll back by hand.")
     kept, changed_paths = [], []
-    secrets_owner = None if owner is None else (owner[0], owner[1] if secrets_gid is None else secrets_gid)
+    legacy_owner = None if owner is None else (owner[0], owner[1] if secrets_gid is None else secrets_gid)
     for instance in instances:
         text = secrets.get(instance["name"], "") or ""
         if text:
             kept.append(instance["name"])
-            if ensure_file(instance["secrets_path"], text, check_mode, secrets_owner, SECRETS_MODE):
+            if loads_credential(os.path.join(instance["release_dir"], "unit")):
+                mode, secrets_owner = SECRETS_MODE, owner
+            else:
+                mode, secrets_owner = LEGACY_SECRETS_MODE, legacy_owner
+            if ensure_file(instance["secrets_path"], text, check_mode, secrets_owner, mode):
                 changed_paths.append(instance["secrets_path"])
         elif remove_file(instance["secrets_path"], check_mode):
             changed_paths.append(instance["secrets_path"])
     return {"kept": kept, "changed_paths": changed_paths, "changed": bool(changed_paths)}
+
+
+# --- drop-ins: a unit's overrides the toolkit did not write ----------------------------------------
+
+
+class DropinsRefused(ValueError):
+    """A drop-in the toolkit did not write overrides an instance's unit: nothing was changed."""
+
+
+def foreign_dropins(instances):
+    """{instance name: [drop-in files]} for each instance with a `*.conf` in one of its
+    `dropin_dirs` (its own `<unit>.d/` and the prefix `sglang-.service.d/`, under /etc and /run).
+    The toolkit writes none: every one found is foreign and can undo the unit's sandbox."""
+    found = {}
+    for instance in instances:
+        files = []
+        for directory in instance.get("dropin_dirs") or []:
+            try:
+                names = sorted(os.listdir(directory))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            files.extend(os.path.join(directory, n) for n in names if n.endswith(".conf"))
+        if files:
+            found[instance["name"]] = list(dict.fromkeys(files))
+    return found
+
+
+def dropins(instances, remove, check_mode):
+    """Refuse (DropinsRefused, naming every file and the fix) or, with `remove`, delete the foreign
+    drop-ins of the instances. Returns {instances, removed, changed}: `instances` names those that had
+    one (with `remove` they restart), `removed` the files deleted (or that would be, in check mode)."""
+    found = foreign_dropins(instances)
+    if found and not remove:
+        listed = "; ".join(f"{name}: {', '.join(files)}" for name, files in found.items())
+        raise DropinsRefused(
+            f"refused, nothing changed: systemd drop-ins this toolkit did not write override the SGLang units "
+            f"({listed}). A drop-in can undo the unit's sandbox (User=root, ExecStartPre=+...). Move what it "
+            "must set into the inventory (sglang_service_unit_extra) and delete it, or set "
+            "sglang_service_remove_foreign_dropins: true to have the role delete it and restart the instance.")
+    removed = []
+    for files in found.values():
+        for path in files:
+            if os.path.lexists(path) and path not in removed:
+                if not check_mode:
+                    os.unlink(path)
+                removed.append(path)
+    return {"instances": list(found), "removed": removed, "changed": bool(removed)}

@@ -129,6 +129,33 @@ def test_record_then_check_unchanged_is_converged_and_secret_free(host):
     assert "sk-very-secret" not in text
 
 
+def test_a_dropin_is_drift_on_every_check_and_named(host):
+    """`absent` globs are looked at by every check, never recorded: a drop-in added after the record
+    (or one the record was written beside) makes the host not converged, naming the file."""
+    dropins = [str(host.units_dir / "sglang-*.service.d" / "*.conf")]
+    host.record_ok(absent=dropins)
+    assert host.run("check", absent=dropins)["converged"] is True
+    override = host.units_dir / "sglang-main.service.d" / "override.conf"
+    override.parent.mkdir()
+    (override.parent / "README").write_text("not a drop-in\n")
+    assert host.run("check", absent=dropins)["converged"] is True  # only *.conf counts
+    override.write_text("[Service]\nUser=root\n")
+    prefix = host.units_dir / "sglang-.service.d" / "10-all.conf"
+    prefix.parent.mkdir()
+    prefix.write_text("[Service]\nExecStartPre=+/bin/true\n")
+    result = host.run("check", absent=dropins)
+    assert result["converged"] is False
+    assert result["reasons"] == [f"{prefix} exists and must not (it matches {dropins[0]})",
+                                 f"{override} exists and must not (it matches {dropins[0]})"]
+    assert str(override) in result["msg"]
+    # Recorded with a drop-in there: the next check still names it.
+    host.record_ok(absent=dropins)
+    assert host.run("check", absent=dropins)["converged"] is False
+    override.unlink()
+    prefix.unlink()
+    assert host.run("check", absent=dropins)["converged"] is True
+
+
 def test_hand_edited_unit_file_is_named_as_changed(host):
     host.record_ok()
     host.unit_file.write_text("[Service]\nExecStart=/usr/bin/sglang --port 30001\n")

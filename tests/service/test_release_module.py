@@ -267,12 +267,19 @@ def test_activate_adopts_a_unit_the_role_did_not_install(tmp_path):
     assert (adopted / "release.json").read_text() == to_nice_json(record) + "\n"
 
 
-def test_activate_writes_the_keys_0640_and_removes_them_when_gone(tmp_path):
+def test_activate_writes_the_keys_root_only_and_removes_them_when_gone(tmp_path):
     inst = _active(tmp_path)
+    # A file left group-readable by an older release is tightened (and the instance restarts).
+    _live(inst, None, None, SECRET)
+    os.chmod(inst["secrets_path"], 0o640)
+    owner = (os.geteuid(), os.getegid())
     out = release.activate([inst], {"main": "A=1\n"}, {"main": SECRET}, ["main"], check_mode=False,
-                           want_diff=True)
+                           owner=owner, want_diff=True)
     assert Path(inst["secrets_path"]).read_text() == SECRET
-    assert _mode(inst["secrets_path"]) == 0o640
+    # The unit loads it as a credential: no user or group but root's needs to read the file.
+    assert _mode(inst["secrets_path"]) == 0o600
+    assert (os.stat(inst["secrets_path"]).st_uid, os.stat(inst["secrets_path"]).st_gid) == owner
+    assert inst["secrets_path"] in out["changed_paths"]
     assert all(SECRET not in d["after"] for d in out["diff"])
     assert sorted(d["after_header"] for d in out["diff"]) == sorted([inst["env_path"], inst["unit_path"]])
     gone = release.activate([inst], {"main": "A=1\n"}, {"main": ""}, ["main"], check_mode=False)
@@ -295,9 +302,8 @@ def test_activate_in_check_mode_writes_nothing_and_says_what_restarts(tmp_path):
 def test_the_module_activates_through_ansible_with_a_truthful_diff(tmp_path):
     inst = _active(tmp_path)
     _live(inst, "[Unit]\nold\n", "A=1\n")
-    group = grp_name()
     args = {"state": "active", "instances": [inst], "env": {"main": "A=1\nHIP_VISIBLE_DEVICES=0,1\n"},
-            "secrets": {"main": SECRET}, "changing": ["main"], "service_group": group}
+            "secrets": {"main": SECRET}, "changing": ["main"]}
     checked = _ansible(tmp_path, args, "--check", "--diff")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "-[Unit]\n-old" not in checked.stdout
@@ -308,22 +314,15 @@ def test_the_module_activates_through_ansible_with_a_truthful_diff(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "restart:\n    - main" in done.stdout, done.stdout
     assert Path(inst["unit_path"]).read_text() == inst["unit"]
+    assert _mode(inst["secrets_path"]) == 0o600
+    if os.geteuid() == 0:  # the module sets owners when it runs as root: root:root, whatever the group
+        st = os.stat(inst["secrets_path"])
+        assert (st.st_uid, st.st_gid) == (0, 0)
     for out in (checked, done):
         assert "sk-test-5e1f0c9a77" not in out.stdout + out.stderr
-    if os.geteuid() == 0:  # the group is looked up only when the module sets owners (as root)
-        nogroup = _ansible(tmp_path, {**args, "service_group": "no-such-group-x9"})
-        assert nogroup.returncode != 0
-        assert "service_group 'no-such-group-x9' is not a group on this host" in nogroup.stdout, nogroup.stdout
-        assert Path(inst["unit_path"]).read_text() == inst["unit"]  # nothing was touched
     missing = _ansible(tmp_path, {"state": "active", "instances": [_instance(tmp_path)]})
     assert missing.returncode != 0
     assert "state=active needs state_dir, releases_dir, unit_name, bind, port" in missing.stdout, missing.stdout
-
-
-def grp_name() -> str:
-    import grp
-
-    return grp.getgrgid(os.getgid()).gr_name
 
 
 def test_the_directories_come_in_creation_order_with_their_owners():
@@ -390,12 +389,30 @@ def test_a_rollback_after_a_key_rotation_keeps_the_new_key(tmp_path):
     out = release.rollback_secrets([first], {"main": NEW_KEY}, check_mode=False)
     assert out["kept"] == ["main"]
     assert Path(first["secrets_path"]).read_text() == NEW_KEY
+    # Release A's unit reads the path itself (no LoadCredential line: staged before credentials),
+    # as the service user: the file is put back group-readable as that release expects.
     assert _mode(first["secrets_path"]) == 0o640
     # The release rolled back to still holds the key of its time, root only (pruned with it).
     assert (Path(first["release_dir"]) / "secrets.yaml").read_text() == OLD_KEY
     assert _mode(str(Path(first["release_dir"]) / "secrets.yaml")) == 0o600
     again = release.rollback_secrets([first], {"main": NEW_KEY}, check_mode=False)
     assert again["changed"] is False
+
+
+CREDENTIAL_UNIT = "[Service]\nExecStart=/py -m sglang --config %d/secrets.yaml\nLoadCredential=secrets.yaml:/etc/x\n"
+
+
+def test_a_rollback_to_a_release_that_loads_the_credential_keeps_the_file_root_only(tmp_path):
+    first = _active(tmp_path, "main", "aaaaaaaaaaaa", CREDENTIAL_UNIT)
+    release.stage([first], {"main": "A=1\n"}, {"main": OLD_KEY}, check_mode=False)
+    _live(first, "[Unit]\nB\n", "A=1\n", NEW_KEY)
+    os.chmod(first["secrets_path"], 0o640)
+    owner = (os.geteuid(), os.getegid())
+    out = release.rollback_secrets([first], {"main": NEW_KEY}, check_mode=False, owner=owner, secrets_gid=12345)
+    assert out["changed_paths"] == [first["secrets_path"]]
+    assert _mode(first["secrets_path"]) == 0o600
+    assert os.stat(first["secrets_path"]).st_gid == owner[1]  # not the service group
+    assert Path(first["secrets_path"]).read_text() == NEW_KEY
 
 
 @pytest.mark.parametrize(
@@ -434,6 +451,10 @@ def test_the_module_rolls_back_secrets_without_printing_them(tmp_path):
     assert refused.returncode != 0
     assert "rollback refused, nothing changed: main: release aaaaaaaaaaaa was staged with api keys" in refused.stdout
     assert Path(first["secrets_path"]).read_text() == NEW_KEY
+    if os.geteuid() == 0:  # the group is looked up only when the module sets owners (as root)
+        nogroup = _ansible(tmp_path, {**args, "service_group": "no-such-group-x9"})
+        assert nogroup.returncode != 0
+        assert "service_group 'no-such-group-x9' is not a group on this host" in nogroup.stdout, nogroup.stdout
     for out in (done, refused):
         assert "sk-new-after-rotation-42" not in out.stdout + out.stderr
         assert "sk-old-rotated-out-41" not in out.stdout + out.stderr
@@ -446,3 +467,72 @@ def test_the_rollback_filter_hands_the_module_each_instance_and_its_previous_rel
     assert filters.rollback_instances(previous) == [
         {"name": "main", "release_dir": "/var/lib/sglang/main/releases/aaaaaaaaaaaa",
          "secrets_path": "/etc/sglang/main.secrets.yaml", "unit_path": "/u", "env_path": "/e", "unit": ""}]
+
+
+# --- state=dropins: systemd drop-ins the toolkit did not write ------------------------------------
+
+
+def _with_dropin_dirs(tmp_path: Path, name: str) -> dict:
+    inst = _instance(tmp_path, name)
+    units = tmp_path / "etc" / "systemd" / "system"
+    run = tmp_path / "run" / "systemd" / "system"
+    inst["dropin_dirs"] = [str(units / f"sglang-{name}.service.d"), str(units / "sglang-.service.d"),
+                           str(run / f"sglang-{name}.service.d"), str(run / "sglang-.service.d")]
+    return inst
+
+
+def test_no_dropin_passes_and_changes_nothing(tmp_path):
+    main, other = _with_dropin_dirs(tmp_path, "main"), _with_dropin_dirs(tmp_path, "other")
+    Path(main["dropin_dirs"][0]).mkdir(parents=True)
+    (Path(main["dropin_dirs"][0]) / "notes.txt").write_text("not a .conf\n")
+    assert release.dropins([main, other], remove=False, check_mode=False) == {
+        "instances": [], "removed": [], "changed": False}
+
+
+def test_a_foreign_dropin_is_refused_naming_it_and_the_fix(tmp_path):
+    main, other = _with_dropin_dirs(tmp_path, "main"), _with_dropin_dirs(tmp_path, "other")
+    override = Path(main["dropin_dirs"][2]) / "override.conf"  # under /run
+    override.parent.mkdir(parents=True)
+    override.write_text("[Service]\nUser=root\n")
+    with pytest.raises(release.DropinsRefused) as refused:
+        release.dropins([main, other], remove=False, check_mode=False)
+    text = str(refused.value)
+    assert f"main: {override}" in text
+    assert "other:" not in text
+    assert "refused, nothing changed" in text
+    assert "sglang_service_remove_foreign_dropins: true" in text
+    assert override.exists()
+
+
+def test_with_the_opt_in_the_dropins_are_removed_and_their_instances_restart(tmp_path):
+    main, other = _with_dropin_dirs(tmp_path, "main"), _with_dropin_dirs(tmp_path, "other")
+    own = Path(main["dropin_dirs"][0]) / "override.conf"
+    shared = Path(main["dropin_dirs"][1]) / "10-all.conf"  # sglang-.service.d: every instance's
+    for path in (own, shared):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("[Service]\nExecStartPre=+/bin/true\n")
+    checked = release.dropins([main, other], remove=True, check_mode=True)  # stage: read only
+    assert checked["instances"] == ["main", "other"]
+    assert own.exists()
+    assert shared.exists()
+    done = release.dropins([main, other], remove=True, check_mode=False)
+    assert done["instances"] == ["main", "other"]
+    assert sorted(done["removed"]) == sorted([str(own), str(shared)])
+    assert done["changed"] is True
+    assert not own.exists()
+    assert not shared.exists()
+    assert release.dropins([main, other], remove=False, check_mode=False)["changed"] is False
+
+
+def test_the_module_refuses_a_dropin_through_ansible(tmp_path):
+    inst = _with_dropin_dirs(tmp_path, "main")
+    override = Path(inst["dropin_dirs"][0]) / "override.conf"
+    override.parent.mkdir(parents=True)
+    override.write_text("[Service]\nUser=root\n")
+    refused = _ansible(tmp_path, {"state": "dropins", "instances": [inst]})
+    assert refused.returncode != 0
+    assert f"main: {override}" in refused.stdout, refused.stdout
+    assert override.exists()
+    removed = _ansible(tmp_path, {"state": "dropins", "instances": [inst], "remove": True})
+    assert removed.returncode == 0, removed.stdout
+    assert not override.exists()

@@ -1,8 +1,9 @@
 """Api keys never on the command line: the sglang_service role's secrets file and config hash, the
 simulator's --config (merged as SGLang 0.5.23 merges it), the unit's IP allow list.
 
-- The plan renders the keys into <config_dir>/<name>.secrets.yaml (SGLang's --config YAML); the unit,
-  the env file and the argv hold only its path; the config hash covers the file only through a
+- The plan renders the keys into <config_dir>/<name>.secrets.yaml (SGLang's --config YAML, root 0600);
+  the unit loads it as the systemd credential secrets.yaml and passes --config %d/secrets.yaml, the
+  env file and the argv hold no key; the config hash covers the file only through a
   salted digest, so no one can test a guessed key against a published hash.
 - The simulator reads --config like SGLang (config first, then argv) and then requires the key.
 """
@@ -10,8 +11,10 @@ simulator's --config (merged as SGLang 0.5.23 merges it), the unit's IP allow li
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -97,10 +100,24 @@ def test_keys_only_in_the_secrets_file(rendered):
             assert secret not in rendered["env"][name]
             assert secret not in json.dumps(entry["launch_argv"] + entry["check_argv"])
         assert "--api-key" not in entry["unit_content"]
-    assert plan["main"]["launch_argv"][-2:] == ["--config", "/etc/sglang/main.secrets.yaml"]
-    assert "    --config /etc/sglang/main.secrets.yaml\n" in plan["main"]["unit_content"]
+    # SGLang reads its own copy in the unit's credentials directory, never the root-only file.
+    assert plan["main"]["launch_argv"][-2:] == ["--config", "/run/credentials/sglang-main.service/secrets.yaml"]
+    assert "    --config %d/secrets.yaml\n" in plan["main"]["unit_content"]
+    exec_lines = plan["main"]["unit_content"].split("\nExecStart=", 1)[1].split("\n")
+    exec_start = [exec_lines[0], *itertools.takewhile(lambda line: line.startswith("    "), exec_lines[1:])]
+    assert exec_start[-1] == "    --config %d/secrets.yaml"
+    assert not [line for line in exec_start if "/etc/sglang" in line]
+    assert "\nLoadCredential=secrets.yaml:/etc/sglang/main.secrets.yaml\n" in plan["main"]["unit_content"]
+    assert "\nLoadCredential=secrets.yaml:/etc/sglang/own.secrets.yaml\n" in plan["own"]["unit_content"]
+    assert "LoadCredential" not in plan["open"]["unit_content"]
+    # SGLang's parser on the host reads the staged copy (root runs it), by path.
+    assert plan["main"]["check_argv"][-2:] == ["--config", "/run/sglang-service-staging/main/secrets.yaml"]
     assert plan["own"]["admin_api_key_set"] is True
     assert plan["open"]["secrets_set"] is False
+    # Where stage looks for drop-ins it refuses (its own and the prefix sglang-.service.d, /etc and /run).
+    assert plan["main"]["dropin_dirs"] == [
+        "/etc/systemd/system/sglang-main.service.d", "/etc/systemd/system/sglang-.service.d",
+        "/run/systemd/system/sglang-main.service.d", "/run/systemd/system/sglang-.service.d"]
     assert "--config" not in plan["open"]["launch_argv"]
 
 
@@ -121,6 +138,24 @@ def test_the_config_hash_is_no_plain_hash_of_the_key_file_and_follows_the_key(re
     assert other_salt["open"]["config_hash"] == plan["open"]["config_hash"]
     assert rotated["main"]["config_hash"] != plan["main"]["config_hash"]
     assert rotated["own"]["config_hash"] == plan["own"]["config_hash"]
+
+
+def test_the_keyed_unit_passes_systemd_analyze_verify(rendered, tmp_path):
+    """LoadCredential= and %d in ExecStart are accepted by this systemd (252 on the test hosts)."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = by_name(rendered)["own"]["unit_content"]
+    # verify checks that ExecStart's binary exists: this python in its place, every argument kept.
+    head, rest = unit.split("ExecStart=", 1)
+    rest = f"{sys.executable} -c pass" + rest[rest.index(" -m "):]
+    path = tmp_path / "sglang-own.service"
+    path.write_text(head + "ExecStart=" + rest, encoding="utf-8")
+    run = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    ours = [line for line in run.stderr.splitlines() if "sglang-own.service" in line]
+    assert run.returncode == 0, run.stderr
+    assert ours == [], run.stderr
+    assert "--config %d/secrets.yaml" in path.read_text()
 
 
 @pytest.mark.parametrize(

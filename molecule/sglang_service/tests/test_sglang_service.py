@@ -198,13 +198,28 @@ def as_outsider(host, command: str) -> str:
 
 
 @pytest.mark.parametrize("name", INSTANCES)
-def test_secrets_file_is_root_and_service_group_only(host, name):
+def test_secrets_file_is_root_only_and_reaches_its_instance_alone(host, name):
     secrets = host.file(f"/etc/sglang/{name}.secrets.yaml")
     assert secrets.user == "root"
-    assert secrets.group == "sglang"
-    assert secrets.mode == 0o640
+    assert secrets.group == "root"
+    assert secrets.mode == 0o600
     assert json.loads(secrets.content_string) == {"api-key": KEYS[name]}
     assert "Permission denied" in as_outsider(host, f"cat /etc/sglang/{name}.secrets.yaml")
+    # Not even the service user (every instance runs as it) reads the file: each unit gets its own
+    # copy as a systemd credential, in a directory only its mount namespace shows.
+    as_service = host.run("runuser -u sglang -- cat /etc/sglang/%s.secrets.yaml", name)
+    assert as_service.rc != 0
+    assert "Permission denied" in as_service.stderr
+    other = "baseline" if name == "main" else "main"
+    pid = main_pid(host, name)
+    seen = host.run("nsenter -t %s -m -S $(id -u sglang) -G $(id -g sglang) cat /run/credentials/sglang-%s.service/"
+                    "secrets.yaml", pid, other)
+    assert seen.rc != 0, f"{name}'s process reads {other}'s credential"
+    assert KEYS[other] not in seen.stdout
+    own = host.run("nsenter -t %s -m -S $(id -u sglang) -G $(id -g sglang) cat /run/credentials/sglang-%s.service/"
+                   "secrets.yaml", pid, name)
+    assert own.rc == 0, own.stderr
+    assert KEYS[name] in own.stdout
 
 
 @pytest.mark.parametrize("name", INSTANCES)
@@ -225,8 +240,12 @@ def test_no_other_user_reads_the_key(host, name):
     }
     for where, text in seen.items():
         assert key not in text, f"{name}'s api key readable by {OUTSIDER} in {where}"
-    # The unit hands SGLang the path only, and root sees the key nowhere on the command line either.
-    assert f"--config /etc/sglang/{name}.secrets.yaml" in host.file(f"/etc/systemd/system/{unit}").content_string
+    # The unit loads the file as a credential and hands SGLang its copy's path only; root sees the key
+    # nowhere on the command line either.
+    unit_text = host.file(f"/etc/systemd/system/{unit}").content_string
+    assert f"\nLoadCredential=secrets.yaml:/etc/sglang/{name}.secrets.yaml\n" in unit_text
+    assert "    --config %d/secrets.yaml\n" in unit_text
+    assert f"--config /run/credentials/{unit}/secrets.yaml" in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
     assert key not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
     assert key not in host.check_output(f"systemctl show {unit}")
     assert "--api-key" not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
@@ -255,7 +274,7 @@ def test_release_records_carry_no_key_and_no_plain_hash_of_it(host, name):
         assert digest not in text, part
         assert digest[:12] not in text, part
     assert json.loads(host.file(f"{release}/argv.json").content_string)[-2:] == [
-        "--config", f"/etc/sglang/{name}.secrets.yaml"]
+        "--config", f"/run/credentials/sglang-{name}.service/secrets.yaml"]
     assert host.file(f"{release}/secrets.yaml").mode == 0o600
     assert host.file("/var/lib/sglang/.secrets-salt").mode == 0o600
 

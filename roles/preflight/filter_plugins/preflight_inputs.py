@@ -247,7 +247,7 @@ def _account_findings(inputs: Mapping[str, Any]) -> list[str]:
             found.append(
                 f"sglang_service_group = {group!r} is an existing group the role did not create for "
                 f"sglang_service_user {user!r}{' (members: ' + ', '.join(sorted(members)) + ')' if members else ''}: "
-                f"every member could read the api keys in the secrets file (mode 0640); {gfix} (if an earlier "
+                f"every member could read what the service writes to its home (UMask 0027); {gfix} (if an earlier "
                 "failed run left it, delete the group)."
             )
     return found

@@ -217,6 +217,7 @@ def release_instances(plan: Sequence[Mapping[str, Any]], python: str) -> list[di
             "unit_name": instance["unit"],
             "bind": instance["bind"],
             "port": int(instance["port"]),
+            "dropin_dirs": list(instance.get("dropin_dirs") or []),
         }
         for instance in plan
     ]
