@@ -70,6 +70,8 @@ BAD = [
      {"preflight_sglang_ranges": {"--mem-fraction-static": {"gt": -1}}, "_args": {"--mem-fraction-static": "1.5"}},
      "argument --mem-fraction-static: 1.5 is out of range"),
     ("a plain-http ROCm key", {"rocm_amd_key_url": "http://repo.invalid/rocm.gpg.key"}, "rocm_amd_key_url"),
+    ("a MemoryMax with a line break", {"sglang_service_memory_max": "90%" + INJECT}, "sglang_service_memory_max"),
+    ("a TasksMax that is not a number", {"sglang_service_tasks_max": "lots"}, "sglang_service_tasks_max"),
     ("an instance name with a trailing newline", {"_second": {"name": "two\n", "port": 30988}},
      "sglang_service_instances[1]['name'] contains a control character"),
 ]
@@ -115,7 +117,7 @@ def _findings(stdout: str) -> list[str]:
 HOST_ONLY = re.compile(
     r"init is |unsupported OS |Python .* is older|not enough RAM|SGLang would refuse the HiCache host pools|"
     r"MemAvailable|has [0-9.]+ GB free|the filesystem at |port [0-9]+ on .* is taken|rocminfo|running kernel|"
-    r"Secure Boot"
+    r"Secure Boot|of this host's RAM \(.* is smaller than the HiCache host pool"
 )
 
 
@@ -134,12 +136,18 @@ def _good_vars() -> dict:
     return dict(BASE, ansible_python_interpreter=sys.executable)
 
 
+def _pool_vars() -> dict:
+    """HiCache on (the role's 2 x 12 GB host pool) under a MemoryMax of 1G: refused from the plan's pool."""
+    return dict(BASE, ansible_python_interpreter=sys.executable, sglang_service_hicache_enabled=True,
+                sglang_service_memory_max="1G")
+
+
 @pytest.fixture(scope="module")
 def cases_run(tmp_path_factory):
     """One run of the real playbook with two case hosts, `bad` and `good` (each a connection-local host)."""
     tmp_path = tmp_path_factory.mktemp("cases")
     hosts = {name: dict(values, ansible_connection="local")
-             for name, values in (("bad", _bad_vars()), ("good", _good_vars()))}
+             for name, values in (("bad", _bad_vars()), ("good", _good_vars()), ("pool", _pool_vars()))}
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(json.dumps({"sglang_hosts": {"hosts": hosts}}), encoding="utf-8")
     return _run(tmp_path, {}, inventory=str(inventory))
@@ -201,6 +209,14 @@ def test_a_good_config_passes_the_real_preflight(cases_run):
     assert findings == [], cases_run.stdout[-4000:]
 
 
+def test_the_real_preflight_refuses_a_memory_max_below_the_host_pool(cases_run):
+    status, block = _host_outcome(cases_run.stdout, "pool")
+    assert status == "fatal", cases_run.stdout[-3000:]
+    findings = [f for f in _findings(block) if "sglang_service_memory_max" in f]
+    assert len(findings) == 1, _findings(block)
+    assert "smaller than the HiCache host pool instance main pins (24 GB" in findings[0]
+
+
 @pytest.mark.parametrize("name", ["demo", "example"])
 def test_the_shipped_inventories_pass_the_input_checks(tmp_path, name):
     inv = json.loads(subprocess.run(
@@ -248,8 +264,28 @@ GOOD_SERVICE = {
     # The role's own account (GECOS marker) and group, as on the molecule and demo hosts.
     "accounts": "sglang:x:998:998:SGLang service:/var/lib/sglang:/usr/sbin/nologin\n--\nsglang:x:998:\n",
     "connecting_users": ["root", "deploy"],
+    "memory_max": "90%",
+    "tasks_max": 8192,
+    "allow_kms_nodes": False,
+    "pools": {"main": 24, "ab": 0},
+    "memtotal_mb": 65536,
 }
 SERVICE_BAD = [
+    ("memory_max", "lots", "sglang_service_memory_max = 'lots' is not a systemd MemoryMax value"),
+    ("memory_max", "90%\nExecStartPre=/bin/id", "sglang_service_memory_max = '90%\\nExecStartPre"),
+    ("memory_max", "150%", "sglang_service_memory_max = '150%' is not"),
+    ("memory_max", "-1", "sglang_service_memory_max = '-1' is not"),
+    ("memory_max", "16.5G", "sglang_service_memory_max = '16.5G' is not"),
+    ("memory_max", True, "sglang_service_memory_max = True is not"),
+    ("memory_max", "16G", "sglang_service_memory_max = '16G' (17.2 GB) is smaller than the HiCache host pool"
+                          " instance main pins (24 GB"),
+    ("memory_max", 1000000, "sglang_service_memory_max = 1000000 (0.0 GB) is smaller"),
+    ("memory_max", "30%", "sglang_service_memory_max = '30%' of this host's RAM (20.6 GB) is smaller"),
+    ("tasks_max", "lots", "sglang_service_tasks_max = 'lots' is not a systemd TasksMax value"),
+    ("tasks_max", 0, "sglang_service_tasks_max = 0 is not"),
+    ("tasks_max", "8192\nUser=root", "sglang_service_tasks_max = '8192\\nUser=root' is not"),
+    ("tasks_max", False, "sglang_service_tasks_max = False is not"),
+    ("allow_kms_nodes", "maybe", "sglang_service_allow_kms_nodes = 'maybe' is not a boolean"),
     ("walk", {"sglang_service_instances": [{"name": "main", "args": {"--served-model-name": "a\nb"}}]},
      "sglang_service_instances[0]['args']['--served-model-name'] contains a control character"),
     ("profile", "seed\n", "sglang_service_profile:"),
@@ -300,6 +336,13 @@ def _accounts_for(user: str, group: str) -> str:
 
 def test_the_filter_passes_a_good_service_config():
     assert pi.service_input_findings(GOOD_SERVICE) == []
+
+
+@pytest.mark.parametrize("value", ["infinity", "90%", "100%", "24G", "25000000000", 25000000000, "1T"])
+def test_the_filter_passes_memory_max_values_that_hold_the_pool(value):
+    assert pi.service_input_findings(dict(GOOD_SERVICE, memory_max=value)) == []
+    # A percentage is not checked against RAM the host did not report.
+    assert pi.service_input_findings(dict(GOOD_SERVICE, memory_max="1%", memtotal_mb=None)) == []
 
 
 @pytest.mark.parametrize(("key", "value", "names"), SERVICE_BAD, ids=[f"{r[0]}-{i}" for i, r in enumerate(SERVICE_BAD)])

@@ -246,15 +246,20 @@ def test_unit_carries_the_hardening_and_limits(rendered):
         "PrivateTmp=yes",
         "DevicePolicy=closed",
         "DeviceAllow=/dev/kfd rw",
-        "DeviceAllow=char-drm rw",
+        "MemoryMax=90%",
+        "TasksMax=8192",
         "Restart=on-failure",
         "EnvironmentFile=/etc/sglang/main.env",
         "User=sglang",
         "SupplementaryGroups=render video",
-        "ReadWritePaths=/var/lib/sglang/main/home",
         "ProtectHome=yes",
     ):
         assert f"\n{line}\n" in unit, line
+    # KMS card nodes only on request (sglang_service_allow_kms_nodes; tests/service/test_unit_confine.py).
+    assert "DeviceAllow=char-drm" not in unit
+    plan = {entry["name"]: entry for entry in json.loads((rendered / "plan.json").read_text())}
+    cache = f"/var/lib/sglang/main/cache/{plan['main']['config_hash'][:12]}"
+    assert f"\nReadWritePaths=/var/lib/sglang/main/home {cache}\n" in unit
     command = exec_start(unit)
     assert command[:3] == ["/opt/sglang/current/bin/python", "-m", "sglang.launch_server"]
 

@@ -133,9 +133,12 @@ def test_process_runs_as_the_service_user(host, name):
 def test_limits_and_hardening_in_effect(host, name):
     props = unit_properties(
         host, name, "LimitMEMLOCK LimitNOFILE ProtectSystem NoNewPrivileges PrivateTmp ProtectHome DevicePolicy "
-        "DeviceAllow Restart StartLimitBurst User ReadWritePaths EnvironmentFiles"
+        "DeviceAllow Restart StartLimitBurst User ReadWritePaths EnvironmentFiles MemoryMax TasksMax"
     )
     assert props["LimitMEMLOCK"] == "infinity"
+    # The unit confines its own damage (sglang_service_memory_max 90 % of RAM, sglang_service_tasks_max).
+    assert props["MemoryMax"] not in ("", "infinity"), props
+    assert props["TasksMax"] == "8192"
     assert props["LimitNOFILE"] == "65536"
     assert props["ProtectSystem"] == "strict"
     assert props["NoNewPrivileges"] == "yes"
@@ -144,11 +147,20 @@ def test_limits_and_hardening_in_effect(host, name):
     assert props["DevicePolicy"] == "closed"
     device_allow = host.check_output(f"systemctl show sglang-{name}.service -p DeviceAllow")
     assert "DeviceAllow=/dev/kfd rw" in device_allow
-    assert "DeviceAllow=char-drm rw" in device_allow
+    # Render nodes only (the test host has no /dev/dri: none), no KMS card nodes (char-drm) by default.
+    assert "char-drm" not in device_allow
     assert props["Restart"] == "on-failure"
     assert props["StartLimitBurst"] == "3"
     assert props["User"] == "sglang"
-    assert props["ReadWritePaths"] == f"/var/lib/sglang/{name}/home"
+    # The home, and the JIT caches of the release it runs (<state>/<name>/cache/<release id>).
+    release_id = host.file(f"/var/lib/sglang/{name}/current").linked_to.rstrip("/").rsplit("/", 1)[-1]
+    assert props["ReadWritePaths"].split() == [f"/var/lib/sglang/{name}/home",
+                                              f"/var/lib/sglang/{name}/cache/{release_id}"]
+    cache = host.file(f"/var/lib/sglang/{name}/cache/{release_id}/triton")
+    assert cache.is_directory
+    assert cache.user == "sglang"
+    assert cache.mode == 0o750
+    assert host.file(f"/var/lib/sglang/{name}/cache").user == "root"
     assert f"/etc/sglang/{name}.env" in props["EnvironmentFiles"]
 
 

@@ -8,7 +8,8 @@ accepts a trailing newline). Each finding names the variable and the fix and nev
   ``tasks/service.yml``, so preflight's run and sglang_service's stage both check them): control
   characters anywhere, profile and instance names, env names, device specs, syscall groups, IP
   entries, supplementary groups, unit_extra directives, read_write_paths, directories, secret flags
-  in argv, api keys, and the service user and group against the host's accounts (``getent``).
+  in argv, api keys, MemoryMax/TasksMax (a MemoryMax below an instance's host pool), and the service
+  user and group against the host's accounts (``getent``).
 - ``preflight_instance_environments(instances)`` / ``preflight_instance_secrets(instances, key, admin)``:
   the instances' environments and keys by variable path, for the two above.
 - ``preflight_plan_failure(result, action)``: the finding for a sglang_service plan that failed.
@@ -38,6 +39,12 @@ _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _DEVICE = re.compile(r"(/dev/kfd|/dev/dri/renderD[0-9]{1,4}|/dev/dri/card[0-9]{1,4}|char-drm)( [rwm]{1,3})?")
 _SYSCALL = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 _UNIT_LINE = re.compile(r"([A-Za-z][A-Za-z0-9]{0,63})=[^\x00-\x1f\x7f]*")
+# systemd's MemoryMax=: bytes with an optional K/M/G/T suffix (base 1024), a whole percentage of RAM
+# (1-100), or infinity. TasksMax=: a count, or infinity.
+_MEMORY_BYTES = re.compile(r"([1-9][0-9]{0,18})([KMGT]?)")
+_MEMORY_PERCENT = re.compile(r"(100|[1-9][0-9]?)%")
+_TASKS = re.compile(r"[1-9][0-9]{0,9}")
+_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 _BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f"}
 
 # The role marks the account it creates with this GECOS comment (roles/sglang_service/tasks/user.yml);
@@ -261,7 +268,8 @@ def service_input_findings(inputs: Mapping[str, Any]) -> list[str]:
     system_call_filter, ip_address_allow, ip_address_bind_prefix, supplementary_groups,
     read_write_paths, state_dir, dirs ({variable: path}), unit_extra, unit_extra_unsafe,
     driver_units, rank_interface, secrets ({variable: key}, never shown), user, group, accounts
-    (getent output or None), connecting_users.
+    (getent output or None), connecting_users, memory_max, tasks_max, allow_kms_nodes, pools
+    ({instance: GB of its HiCache host pool}), memtotal_mb (the host's RAM, or None).
     """
     found: list[str] = []
     for name, value in (inputs.get("walk") or {}).items():
@@ -382,6 +390,10 @@ def service_input_findings(inputs: Mapping[str, Any]) -> list[str]:
             f"sglang_service_rank_interface = {interface!r} is not an interface name; use e.g. lo, or '' for none."
         )
 
+    found += _limit_findings(inputs)
+    if "allow_kms_nodes" in inputs:
+        found += _bool_findings("sglang_service_allow_kms_nodes", inputs.get("allow_kms_nodes"))
+
     for source, args in _args_sources(inputs):
         for flag in args or {} if isinstance(args, Mapping) else []:
             secret = _secret_flag(flag)
@@ -394,6 +406,52 @@ def service_input_findings(inputs: Mapping[str, Any]) -> list[str]:
 
     found += secret_findings(inputs.get("secrets") or {})
     found += _account_findings(inputs)
+    return found
+
+
+def _limit_findings(inputs: Mapping[str, Any]) -> list[str]:
+    """MemoryMax= and TasksMax= of the units: values that parse, and a MemoryMax that holds the
+    largest HiCache host pool an instance pins (`pools`: {instance: GB of 1e9 bytes}; a percentage
+    against the host's RAM, `memtotal_mb`, when known)."""
+    found: list[str] = []
+    if "memory_max" in inputs:
+        value = inputs.get("memory_max")
+        text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+        limit = None
+        if text == "infinity":
+            pass
+        elif _MEMORY_BYTES.fullmatch(text):
+            number, suffix = _MEMORY_BYTES.fullmatch(text).groups()
+            limit = int(number) * _SUFFIX[suffix]
+        elif _MEMORY_PERCENT.fullmatch(text) and inputs.get("memtotal_mb") not in (None, ""):
+            try:
+                limit = int(text[:-1]) * int(inputs["memtotal_mb"]) * 1024 * 1024 // 100
+            except (TypeError, ValueError):
+                limit = None
+        elif not _MEMORY_PERCENT.fullmatch(text):
+            found.append(
+                f"sglang_service_memory_max = {value!r} is not a systemd MemoryMax value; use bytes with a K, M, G "
+                "or T suffix (e.g. 96G), a whole percentage of the host's RAM (e.g. '90%'), or infinity."
+            )
+        pools = inputs.get("pools") or {}
+        for name, gb in (pools.items() if isinstance(pools, Mapping) else []):
+            pool = _number(gb) or 0
+            if limit is not None and pool and limit < pool * 1e9:
+                here = f"of this host's RAM ({limit / 1e9:.1f} GB)" if text.endswith("%") else f"({limit / 1e9:.1f} GB)"
+                found.append(
+                    f"sglang_service_memory_max = {value!r} {here} is smaller than the HiCache "
+                    f"host pool instance {name} pins ({pool:g} GB, --tp-size x --hicache-size): the kernel would kill "
+                    "it while it allocates the pool. Raise sglang_service_memory_max well above the pool (the weights "
+                    "and torch need room too; e.g. '90%'), or lower --hicache-size."
+                )
+    if "tasks_max" in inputs:
+        value = inputs.get("tasks_max")
+        text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+        if text != "infinity" and not _TASKS.fullmatch(text):
+            found.append(
+                f"sglang_service_tasks_max = {value!r} is not a systemd TasksMax value; use a whole number of "
+                "processes and threads (e.g. 8192) or infinity."
+            )
     return found
 
 

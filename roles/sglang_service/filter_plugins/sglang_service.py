@@ -28,6 +28,14 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``sglang_service_journal(result)``: a journalctl run's output, or why it failed.
 - ``sglang_service_rank_interface_env(args, bind, interface)``: NCCL_SOCKET_IFNAME and
   GLOO_SOCKET_IFNAME for an instance with more than one rank bound to a loopback address.
+- ``sglang_service_device_allow(devices, render_nodes, allow_kms)``: the unit's DeviceAllow values:
+  the listed devices, one ``<node> rw`` per DRM render node the host has, ``char-drm rw`` only with
+  ``allow_kms`` (it admits the KMS card nodes too).
+- ``sglang_service_cache_directories(cache_root, release_id, user, group)``: a release's JIT cache
+  directories with their owner and mode; ``sglang_service_rollback_cache_directories(previous, user,
+  group)`` the same for the release a `previous` pointer's stat result names.
+- ``sglang_service_prune_caches(found, releases)``: the JIT cache directories (<state>/<name>/cache/<id>)
+  whose release directory is gone (pruned, or never there).
 - ``sglang_service_redact(text, secrets)``: text (or lines) with every secret replaced by
   ``<redacted>``, and any value SGLang prints after ``--api-key`` / ``api_key=`` too.
 """
@@ -173,11 +181,17 @@ def release_record(instance: Mapping[str, Any], python: str) -> dict[str, Any]:
     return record
 
 
+# The JIT caches of a release, under <state>/<name>/cache/<release id>/ (the unit's environment).
+CACHE_SUBDIRS = ("xdg", "triton", "miopen-db", "miopen-cache")
+
+
 def directories(plan: Sequence[Mapping[str, Any]], config_dir: str, state_dir: str, libexec_dir: str,
                 user: str, group: str) -> list[dict[str, str]]:
     """Every directory the role keeps, in creation order: {path, owner, group, mode}. The config,
     state and helper directories are root's (0755); per instance, <state>/<name> is root's (0755), its
-    releases root only (0700) and its home the service's (0750), the only path the service may write."""
+    releases root only (0700) and its home the service's (0750). The JIT caches: <state>/<name>/cache
+    root's (0755, so the service cannot swap it for a link that prune would follow), the release's
+    <cache>/<id> and its subdirectories the service's (0750): with the home, the only paths it may write."""
     dirs = [{"path": path, "owner": "root", "group": "root", "mode": "0755"}
             for path in (config_dir, state_dir, libexec_dir)]
     for instance in plan:
@@ -186,7 +200,52 @@ def directories(plan: Sequence[Mapping[str, Any]], config_dir: str, state_dir: s
             {"path": instance["releases_dir"], "owner": "root", "group": "root", "mode": "0700"},
             {"path": instance["home_dir"], "owner": user, "group": group, "mode": "0750"},
         ]
+        if instance.get("cache_dir"):
+            dirs += cache_directories(instance["cache_root"], posixpath.basename(instance["cache_dir"]), user, group)
     return dirs
+
+
+def cache_directories(cache_root: str, release_id: str, user: str, group: str) -> list[dict[str, str]]:
+    """A release's JIT cache directories in creation order: <cache_root> (root, 0755), then
+    <cache_root>/<release id> and its subdirectories (the service's, 0750)."""
+    release = posixpath.join(str(cache_root), posixpath.basename(str(release_id).rstrip("/")))
+    return ([{"path": str(cache_root), "owner": "root", "group": "root", "mode": "0755"}]
+            + [{"path": path, "owner": user, "group": group, "mode": "0750"}
+               for path in [release] + [posixpath.join(release, sub) for sub in CACHE_SUBDIRS]])
+
+
+def rollback_cache_directories(previous: Mapping[str, Any], user: str, group: str) -> list[dict[str, str]]:
+    """cache_directories of the release an instance's `previous` pointer names (its stat result)."""
+    return cache_directories(previous["item"]["cache_root"], previous["stat"]["lnk_source"], user, group)
+
+
+_RENDER_NODE = re.compile(r"/dev/dri/renderD[0-9]{1,4}")
+
+
+def device_allow(devices: Sequence[Any], render_nodes: Sequence[Any], allow_kms: Any = False) -> list[str]:
+    """DeviceAllow= values: `devices` as listed, then one ``<node> rw`` per DRM render node of the
+    host (numeric order; anything not named /dev/dri/renderD<N> is left out), then ``char-drm rw``
+    with `allow_kms` (the whole DRM class: the KMS card nodes /dev/dri/card* too). systemd's
+    DeviceAllow takes no globs, so the render nodes are listed one by one. No entry twice."""
+    entries = [str(device) for device in devices or []]
+    nodes = sorted({str(node) for node in render_nodes or [] if _RENDER_NODE.fullmatch(str(node))},
+                   key=lambda node: int(node.rsplit("D", 1)[1]))
+    wanted = [f"{node} rw" for node in nodes] + (["char-drm rw"] if allow_kms else [])
+    seen = set(entries)
+    for entry in wanted:
+        if entry not in seen:
+            entries.append(entry)
+            seen.add(entry)
+    return entries
+
+
+def prune_caches(found: Sequence[Mapping[str, Any]], releases: Sequence[Any]) -> list[str]:
+    """Cache directories to delete: each <cache>/<id> whose release directory (by its name, the id)
+    is not among `releases` (the release directories left after pruning). A rollback to a kept
+    release finds its cache; a pruned release's cache goes with it."""
+    kept = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in releases or []}
+    return [str(entry["path"]) for entry in found or []
+            if str(entry["path"]).rstrip("/").rsplit("/", 1)[-1] not in kept]
 
 
 def _nice_json(value: Any) -> str:
@@ -470,4 +529,8 @@ class FilterModule:
             "sglang_service_analyze_complaint": analyze_complaint,
             "sglang_service_url_host": url_host,
             "sglang_service_journal": journal,
+            "sglang_service_device_allow": device_allow,
+            "sglang_service_prune_caches": prune_caches,
+            "sglang_service_cache_directories": cache_directories,
+            "sglang_service_rollback_cache_directories": rollback_cache_directories,
         }
