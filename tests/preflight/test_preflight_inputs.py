@@ -304,6 +304,9 @@ SERVICE_BAD = [
     ("unit_extra", ["ProtectSystem=no"], "sglang_service_unit_extra[0] sets ProtectSystem="),
     ("unit_extra", ["ExecStartPre=+/bin/id"], "sglang_service_unit_extra[0] sets ExecStartPre="),
     ("unit_extra", ["[Unit]"], "sglang_service_unit_extra[0] is not one"),
+    ("unit_extra", ["Nice=5", "MemoryMax=infinity"], "sglang_service_unit_extra[1] sets MemoryMax=, which the unit "
+     "already sets; a second line would override it unseen. Drop it and set sglang_service_memory_max instead."),
+    ("unit_extra", ["TasksMax=infinity"], "set sglang_service_tasks_max instead"),
     ("driver_units", ["x.service\nExecStartPre=/bin/id"], "sglang_service_driver_units[0]"),
     ("rank_interface", "lo\n", "sglang_service_rank_interface"),
     ("instances", [{"name": "main", "args": {"--admin-api-key": "k"}}], "sglang_service_instances[0].args sets"),

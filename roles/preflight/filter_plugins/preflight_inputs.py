@@ -82,6 +82,14 @@ UNSAFE_DIRECTIVES = re.compile(
     r"|Delegate\w*|BPFProgram|Personality)"
 )
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--config")
+# Directives the unit sets from a role variable: a second one in sglang_service_unit_extra would override
+# it behind the variable's back (systemd takes the last), so it is refused, naming the variable.
+OWNED_DIRECTIVES = {
+    "MemoryMax": "sglang_service_memory_max",
+    "TasksMax": "sglang_service_tasks_max",
+    "LimitNOFILE": "sglang_service_limit_nofile",
+    "LimitMEMLOCK": "nothing (the pinned HiCache host pool needs LimitMEMLOCK=infinity, which the unit sets)",
+}
 
 # Gate thresholds: (min, max, min exclusive, integer). Outside them a gate passes everything, fails
 # everything or runs for hours after the restart.
@@ -371,6 +379,11 @@ def service_input_findings(inputs: Mapping[str, Any]) -> list[str]:
             found.append(
                 f"sglang_service_unit_extra[{index}] is not one `Directive=value` line (no section headers, "
                 "comments or control characters); write e.g. CPUAffinity=0-15."
+            )
+        elif match.group(1) in OWNED_DIRECTIVES:
+            found.append(
+                f"sglang_service_unit_extra[{index}] sets {match.group(1)}=, which the unit already sets; a second "
+                f"line would override it unseen. Drop it and set {OWNED_DIRECTIVES[match.group(1)]} instead."
             )
         elif UNSAFE_DIRECTIVES.fullmatch(match.group(1)) and not unsafe_ok:
             found.append(
