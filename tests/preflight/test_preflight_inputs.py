@@ -341,6 +341,15 @@ def test_the_filter_passes_a_good_service_config():
     assert pi.service_input_findings(GOOD_SERVICE) == []
 
 
+def test_a_pool_larger_than_the_ram_is_left_to_the_ram_check():
+    # 65536 MB of RAM: a 128 GB pool does not fit at all; preflight's RAM check says so ("not enough RAM for
+    # the HiCache host pools"), not a second finding about a percentage of that RAM.
+    big = dict(GOOD_SERVICE, memory_max="90%", pools={"main": 128})
+    assert not any("sglang_service_memory_max" in f for f in pi.service_input_findings(big))
+    fits = dict(GOOD_SERVICE, memory_max="50%", pools={"main": 48})
+    assert any("sglang_service_memory_max = '50%'" in f for f in pi.service_input_findings(fits))
+
+
 @pytest.mark.parametrize("value", ["infinity", "90%", "100%", "24G", "25000000000", 25000000000, "1T"])
 def test_the_filter_passes_memory_max_values_that_hold_the_pool(value):
     assert pi.service_input_findings(dict(GOOD_SERVICE, memory_max=value)) == []

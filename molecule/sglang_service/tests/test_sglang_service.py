@@ -225,11 +225,11 @@ def test_secrets_file_is_root_only_and_reaches_its_instance_alone(host, name):
     other = "baseline" if name == "main" else "main"
     pid = main_pid(host, name)
     seen = host.run("nsenter -t %s -m -S $(id -u sglang) -G $(id -g sglang) cat /run/credentials/sglang-%s.service/"
-                    "secrets.yaml", pid, other)
+                    "secrets.yaml", str(pid), other)
     assert seen.rc != 0, f"{name}'s process reads {other}'s credential"
     assert KEYS[other] not in seen.stdout
     own = host.run("nsenter -t %s -m -S $(id -u sglang) -G $(id -g sglang) cat /run/credentials/sglang-%s.service/"
-                   "secrets.yaml", pid, name)
+                   "secrets.yaml", str(pid), name)
     assert own.rc == 0, own.stderr
     assert KEYS[name] in own.stdout
 
@@ -325,7 +325,9 @@ def test_the_real_sglang_parser_runs_under_the_sandbox(host):
     """SGLang's own parser (check_args.py, importing torch and triton) in a copy of main's unit."""
     unit = host.file("/etc/systemd/system/sglang-main.service").content_string
     release = host.file("/var/lib/sglang/main/current").linked_to
-    argv = host.file(f"{release}/argv.json").content_string
+    # The copy loads the same credential into its own credentials directory (%d of its unit).
+    argv = host.file(f"{release}/argv.json").content_string.replace(
+        "/run/credentials/sglang-main.service/", "/run/credentials/sglang-sandbox-check.service/")
     home = "/var/lib/sglang/main/home"
     host.run_test("printf '%%s' %s > %s && chown sglang:sglang %s", argv, f"{home}/argv-check.json",
                   f"{home}/argv-check.json")

@@ -449,6 +449,8 @@ def _limit_findings(inputs: Mapping[str, Any]) -> list[str]:
         pools = inputs.get("pools") or {}
         for name, gb in (pools.items() if isinstance(pools, Mapping) else []):
             pool = _number(gb) or 0
+            if text.endswith("%") and limit is not None and pool * 1e9 > int(inputs["memtotal_mb"]) * 1024 * 1024:
+                continue  # a pool larger than the RAM itself: preflight's RAM check names that
             if limit is not None and pool and limit < pool * 1e9:
                 here = f"of this host's RAM ({limit / 1e9:.1f} GB)" if text.endswith("%") else f"({limit / 1e9:.1f} GB)"
                 found.append(
