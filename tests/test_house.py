@@ -21,7 +21,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,14 +189,6 @@ ALLOWED = {
      "_rollout_toolkit: \"{{ role_path | dirname | dirname | rollout_release_toolkit }}\""),
 }
 
-# What remains (issue 23): preflight validates the inventory against every role's argument specs
-# before any host is changed, and reads them by the sibling path roles/<role>/meta/argument_specs.yml.
-KNOWN_REMAINING = {
-    ("roles/preflight/tasks/argument_specs.yml",
-     "{{ {} | combine((lookup('ansible.builtin.file', role_path ~ '/../' ~ item ~ '/meta/argument_specs.yml')"),
-}
-
-
 def reach_in_findings(root: Path) -> set[tuple[str, str]]:
     found = set()
     for path in sorted(root.glob("roles/*/**/*")):
@@ -213,7 +204,7 @@ def reach_in_findings(root: Path) -> set[tuple[str, str]]:
 
 
 def test_no_role_reads_another_roles_files():
-    problems = reach_in_findings(ROOT) - ALLOWED - KNOWN_REMAINING
+    problems = reach_in_findings(ROOT) - ALLOWED
     assert not problems, "\n".join(f"{f}: {line}" for f, line in sorted(problems))
 
 
@@ -223,14 +214,45 @@ def test_the_allowed_climbs_are_still_there():
     assert ALLOWED <= found, ALLOWED - found
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "roles/preflight/tasks/argument_specs.yml still reads roles/<role>/meta/argument_specs.yml of the "
-    "roles in preflight_validate_roles by the sibling path role_path/../<role>; each role should "
-    "validate its own variables through an entry point of its own (include_role, rescued into "
-    "preflight's findings) instead"))
+# A role's own argument specs, read from its own role_path (its entry point argument_check).
+OWN_SPECS = re.compile(r"role_path\s*(~\s*['\"]|\}\})/meta/argument_specs\.yml")
+
+
+def argument_spec_readers(root: Path) -> set[tuple[str, str]]:
+    """Lines of a role's files that read an argument_specs.yml other than the role's own."""
+    found = set()
+    for path in sorted(root.glob("roles/*/**/*")):
+        if path.suffix not in (".yml", ".yaml", ".j2") or not path.is_file() or path.parent.name == "meta":
+            continue
+        rel = str(path.relative_to(root))
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.lstrip().startswith("#") or "meta/argument_specs" not in line:
+                continue
+            if CLIMB.search(line) or not OWN_SPECS.search(line):
+                found.add((rel, line.strip()))
+    return found
+
+
 def test_preflight_reads_no_other_roles_argument_specs():
-    remaining = reach_in_findings(ROOT) & KNOWN_REMAINING
-    assert not remaining, remaining
+    """Issue 23: each role validates its own variables (entry point argument_check, its own
+    meta/argument_specs.yml); preflight imports those entry points and reads no other role's specs."""
+    found = argument_spec_readers(ROOT)
+    assert not found, "\n".join(f"{f}: {line}" for f, line in sorted(found))
+
+
+def test_argument_spec_check_finds_another_roles_specs(tmp_path):
+    tasks = tmp_path / "roles" / "one" / "tasks"
+    tasks.mkdir(parents=True)
+    (tasks / "main.yml").write_text(
+        "- ansible.builtin.debug:\n"
+        "    msg: \"{{ lookup('file', role_path ~ '/../' ~ item ~ '/meta/argument_specs.yml') }}\"\n"
+        "- ansible.builtin.debug:\n    msg: \"{{ lookup('file', 'roles/two/meta/argument_specs.yml') }}\"\n"
+        "- ansible.builtin.debug:\n    msg: \"{{ lookup('file', role_path ~ '/meta/argument_specs.yml') }}\"\n"
+        "- ansible.builtin.include_vars:\n    file: \"{{ role_path }}/meta/argument_specs.yml\"\n"
+        "# a comment about roles/two/meta/argument_specs.yml is not a read\n")
+    found = argument_spec_readers(tmp_path)
+    assert len(found) == 2, found
+    assert all("/../" in line or "roles/two" in line for _, line in found), found
 
 
 def test_reach_in_check_finds_each_way_out(tmp_path):

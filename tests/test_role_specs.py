@@ -66,9 +66,10 @@ def options(spec: dict):
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_specs_hold_when_preflight_validates_every_entry_point_at_once(role):
-    """preflight checks the inventory against all entry points of every role merged (no role
-    defaults loaded): a templated default of a typed option reaches the check unrendered and an
-    option required by one entry point is required of every inventory."""
+    """preflight has each role check its variables against all of its entry points merged (the
+    role's entry point argument_check): a templated default of a typed option is a string to any
+    check that does not render it, and an option required by one entry point is required of every
+    inventory."""
     specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
     problems = []
     for point, spec in specs.items():

@@ -188,9 +188,27 @@ def test_ports_and_argument_specs_and_summary():
     assert pf.port_findings([taken, {"rc": 0}, {"skipped": True}]) == [
         "u: port 22 on 127.0.0.1 is taken by sshd (pid 5) listening on 127.0.0.1:22; choose another `port` for "
         "this instance in sglang_service_instances or stop that process."]
-    specs = pf.argument_spec_findings([{"item": "rollout", "argument_errors": ["argument 'x' is bad"]}])
+    passed = {"changed": False, "msg": "The arg spec validation passed"}
+    checks = {"preflight": passed, "rocm": passed,
+              "rollout": {"failed": True, "msg": "Validation of arguments failed",
+                          "argument_errors": ["argument 'x' is bad"]}}
+    specs = pf.argument_spec_findings(checks, ["preflight", "rocm", "rollout"])
     assert specs == ["argument 'x' is bad (roles/rollout/meta/argument_specs.yml); fix that variable in the "
                      "inventory or -e."]
+    # Only the roles asked for, in their order; a role asked for that published nothing is not passed.
+    assert pf.argument_spec_findings(checks, ["preflight", "rocm"]) == []
+    skipped = {"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}
+    assert pf.argument_spec_findings(dict(checks, models=None, rocm=skipped), ["rocm", "models"])[1:] == [
+        "the models role's variables were not checked against roles/models/meta/argument_specs.yml: its entry point "
+        "argument_check published no models_argument_check; restore roles/models/tasks/argument_check.yml (a fault "
+        "of the toolkit, not of the inventory)."]
+    assert pf.argument_spec_findings(dict(checks, rocm=skipped), ["rocm"])[0].startswith(
+        "the rocm role's variables were not checked against roles/rocm/meta/argument_specs.yml")
+    # A check that stopped before it validated (a value that does not render) is not a pass either.
+    broken = {"failed": True, "msg": "'nope' is undefined"}
+    assert pf.argument_spec_findings({"rocm": broken}, ["rocm"]) == [
+        "the rocm role's variables could not be checked against roles/rocm/meta/argument_specs.yml: 'nope' is "
+        "undefined; fix the value it names in the inventory or -e."]
     assert pf.summary(["a", "b  c"], "h", "nothing changed") == (
         "preflight found 2 problem(s) on h; nothing changed:\n  1. a\n  2. b c")
 

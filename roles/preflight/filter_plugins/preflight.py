@@ -720,15 +720,27 @@ def port_findings(results: Sequence[Mapping[str, Any]]) -> list[str]:
     return found
 
 
-def argument_spec_findings(results: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Errors of ansible.builtin.validate_argument_spec, one result per role."""
+def argument_spec_findings(checks: Mapping[str, Any], roles: Sequence[str]) -> list[str]:
+    """Errors of each role in `roles`, in that order, from what its entry point argument_check published
+    (<role>_argument_check: the result of ansible.builtin.validate_argument_spec over all of the role's
+    entry points' options). A role that published nothing or a skipped check, or a check that stopped
+    before it could validate (a value that does not render), is a finding too: its variables were not
+    checked."""
     found = []
-    for result in results:
-        if result.get("skipped"):
+    for role in roles:
+        result = checks.get(role)
+        where = f"roles/{role}/meta/argument_specs.yml"
+        if not isinstance(result, Mapping) or result.get("skipped"):
+            found.append(f"the {role} role's variables were not checked against {where}: its entry point "
+                         f"argument_check published no {role}_argument_check; restore "
+                         f"roles/{role}/tasks/argument_check.yml (a fault of the toolkit, not of the inventory).")
             continue
-        role = result.get("item", "?")
-        for error in result.get("argument_errors") or []:
-            found.append(f"{error} (roles/{role}/meta/argument_specs.yml); fix that variable in the inventory or -e.")
+        errors = result.get("argument_errors") or []
+        for error in errors:
+            found.append(f"{error} ({where}); fix that variable in the inventory or -e.")
+        if result.get("failed") and not errors:
+            found.append(f"the {role} role's variables could not be checked against {where}: "
+                         f"{result.get('msg', 'no message')}; fix the value it names in the inventory or -e.")
     return found
 
 
