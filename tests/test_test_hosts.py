@@ -1,6 +1,9 @@
 """The test-host tool refuses bad input before it touches anything."""
 
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,3 +96,31 @@ def test_stop_pid_stops_the_recorded_process_and_spares_a_reused_pid(tmp_path):
     finally:
         stop_by_pid(mine)
         stop_by_pid(other)
+
+
+def test_looking_for_the_guests_systemd_early_in_its_boot_is_no_failure(tmp_path):
+    """While nspawn's child and grandchild have not exec'd systemd yet, `leader` finds nothing: an empty
+    answer, not a failing status, which `lead=$(leader NAME)` under the script's set -e turned into a
+    silent exit of `hosts.sh up` (seen once in CI: a scenario's create failed with no message). The same
+    process shape here: a shell whose one child has one grandchild, none of them systemd; stopped by PID."""
+    source = HOSTS_SH.read_text()
+    functions = "\n".join(
+        line for line in source.splitlines()
+        if line.startswith("pid_of()")
+    ) + "\n" + source[source.index("leader() {"):source.index("\n}\n", source.index("leader() {")) + 3]
+    (tmp_path / "h").mkdir()
+    tree = subprocess.Popen(["sh", "-c", 'sh -c "sleep 30; true"; true'], start_new_session=True)
+    try:
+        for _ in range(50):  # until the grandchild runs (5 s at most)
+            child = subprocess.run(["pgrep", "-P", str(tree.pid)], capture_output=True, text=True).stdout.split()
+            if child and subprocess.run(["pgrep", "-P", child[0]], capture_output=True).stdout:
+                break
+            time.sleep(0.1)
+        (tmp_path / "h" / "nspawn.pid").write_text(f"{tree.pid}\n")
+        script = f"set -euo pipefail\nhosts={tmp_path}\n{functions}\nlead=$(leader h)\necho \"lead=[$lead]\"\n"
+        result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False)
+    finally:
+        os.killpg(tree.pid, signal.SIGKILL)
+        tree.wait()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "lead=[]"

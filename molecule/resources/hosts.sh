@@ -96,6 +96,9 @@ leader() {
       [ "$(cat "/proc/$grandchild/comm" 2>/dev/null)" = systemd ] && { echo "$grandchild"; return; }
     done
   done
+  # Not found yet (nspawn's children have not exec'd systemd): an empty answer, never a failure, which
+  # `lead=$(leader ...)` under set -e would turn into a silent exit of the whole script.
+  return 0
 }
 
 cmd_up() {
