@@ -214,7 +214,7 @@ KEYED = {
     "sglang_service_api_key": "k-fleet-FP1",
     "sglang_service_instances": [{"name": "main", "port": 30004, "api_key": "k-own-FP2"}],
     "models_hf_token": "hf_tok-FP3",
-    "sglang_venv_index_url": "https://bob:pw-FP4@127.0.0.1:9/simple",
+    "sglang_venv_index_url": "https://bob:pw-FP4@127.0.0.1:9/idx",
 }
 
 
@@ -226,7 +226,7 @@ def test_no_key_counts_in_a_fingerprint_but_every_key_goes_to_the_hosts_hmac(pro
         "sglang_service_api_key": "k-fleet-ROT1",
         "sglang_service_instances": [{"name": "main", "port": 30004, "api_key": "k-own-ROT2"}],
         "models_hf_token": "hf_tok-ROT3",
-        "sglang_venv_index_url": "https://bob:pw-ROT4@127.0.0.1:9/simple",
+        "sglang_venv_index_url": "https://bob:pw-ROT4@127.0.0.1:9/idx",
     }
     assert fingerprint(project, rotated) == fingerprint(project, KEYED)
     assert phases_of(project, rotated) == phases_of(project, KEYED)
@@ -241,7 +241,7 @@ def test_no_key_counts_in_a_fingerprint_but_every_key_goes_to_the_hosts_hmac(pro
     assert after["phases"]["rocm"] == before["phases"]["rocm"] == ""
     # Still counted: a key that is set against one that is not, and the URL without its credentials.
     assert fingerprint(project, {**KEYED, "sglang_service_api_key": ""}) != fingerprint(project, KEYED)
-    other_host = {**KEYED, "sglang_venv_index_url": "https://bob:pw-FP4@127.0.0.4:9/simple"}
+    other_host = {**KEYED, "sglang_venv_index_url": "https://bob:pw-FP4@127.0.0.4:9/idx"}
     assert fingerprint(project, other_host) != fingerprint(project, KEYED)
     # Without any secret: nothing for the module to add (the records of before stay valid).
     none = {"release": "", "phases": {"rocm": "", "venv": "", "models": ""}}

@@ -53,7 +53,7 @@ def play(tmp_path: Path, fleet: str, own: str, admin: str, router: str, hf: str,
         "rollout_router_api_key": router,
         "rollout_converged_path": str(tmp_path / "converged.json"),
         "models_hf_token": hf,
-        "sglang_venv_index_url": f"https://bob:{password}@127.0.0.1:9/simple",
+        "sglang_venv_index_url": f"https://bob:{password}@127.0.0.1:9/idx",
     }
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),

@@ -191,17 +191,17 @@ def test_release_spec_leaves_an_index_password_out():
         return F.release_spec({
             "package_set": "rocm-gfx1100", "python": "3.12.3", "constraints": [],
             "steps": [{"name": "torch", "packages": ["torch"], "index_url": f"https://bob:{password}@wheels.example/rocm",
-                       "extra_index_url": [f"https://bob:{password}@127.0.0.2:9/simple"]}],
-            "index_url": f"https://bob:{password}@127.0.0.1:9/simple",
-            "extra_index_urls": [f"https://tok-{password}@127.0.0.2:9/simple", "https://127.0.0.3:9/simple"],
+                       "extra_index_url": [f"https://bob:{password}@127.0.0.2:9/idx"]}],
+            "index_url": f"https://bob:{password}@127.0.0.1:9/idx",
+            "extra_index_urls": [f"https://tok-{password}@127.0.0.2:9/idx", "https://127.0.0.3:9/idx"],
             "wheelhouse": [], "require_hashes": [],
         }, False, {}, False, False)
     first = spec("pw-Venv-1")
     text = json.dumps(first, sort_keys=True)
     assert "pw-Venv-1" not in text
     assert "bob" not in text
-    assert first["index_url"] == "https://127.0.0.1:9/simple"
-    assert first["extra_index_urls"] == ["https://127.0.0.2:9/simple", "https://127.0.0.3:9/simple"]
+    assert first["index_url"] == "https://127.0.0.1:9/idx"
+    assert first["extra_index_urls"] == ["https://127.0.0.2:9/idx", "https://127.0.0.3:9/idx"]
     assert first["steps"][0]["index_url"] == "https://wheels.example/rocm"
-    assert first["steps"][0]["extra_index_url"] == ["https://127.0.0.2:9/simple"]
+    assert first["steps"][0]["extra_index_url"] == ["https://127.0.0.2:9/idx"]
     assert json.dumps(spec("pw-Venv-2"), sort_keys=True) == text
