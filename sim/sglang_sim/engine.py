@@ -343,8 +343,10 @@ class Engine:
         top: list = []
         if req.top_logprobs_num > 0:
             top = [None] + [
-                [(v, i, None)] + [(round(v - 0.5 - r, 6), (i + 7919 * (r + 1)) % out.vocab, None)
-                                  for r in range(req.top_logprobs_num - 1)]
+                [(v, i, token_text(i))] + [
+                    (round(v - 0.5 - r, 6), alt, token_text(alt))
+                    for r in range(req.top_logprobs_num - 1)
+                    for alt in ((i + 7919 * (r + 1)) % out.vocab,)]
                 for v, i in zip(values[1:], ids[1:], strict=True)
             ]
         return {"token": token, "top": top}

@@ -40,13 +40,10 @@ def prompt_digest(data: bytes) -> bytes:
 
 
 def tail_ids(data: bytes, count: int = REPEAT_WINDOW) -> list[int]:
-    """The last ``count`` ids of canonical bytes, without parsing the rest (an id has at most
-    20 digits and its comma)."""
-    window = count * 21
-    chunk = data[-window:] if len(data) > window else data
-    parts = chunk.split(b",")[:-1]
-    if chunk is not data and len(data) > window and data[-window - 1:-window] != b",":
-        parts = parts[1:]  # the first piece is the end of a cut id
+    """The last ``count`` ids of canonical bytes, without parsing the rest. An id and its comma
+    take at most 21 bytes, so the last count x 21 bytes hold count whole ids after the piece the
+    cut may split, and that piece falls outside the last ``count``."""
+    parts = data[-count * 21:].split(b",")[:-1]
     return [int(p) for p in parts[-count:]]
 
 

@@ -130,6 +130,14 @@ def test_logprob_start_len_gives_prompt_logprobs_and_caps_the_cache(hicache_sim)
     assert [r[1] for r in rows] == ids[100:]
     assert all(isinstance(r[0], float) for r in rows[1:])
     assert meta["cached_tokens"] == 100
+    top = _greedy(hicache_sim, ids, 1, return_logprob=True, logprob_start_len=298,
+                  top_logprobs_num=2, return_text_in_logprobs=True)["meta_info"]
+    assert top["input_top_logprobs"][0] is None
+    (row,) = top["input_top_logprobs"][1:]
+    assert len(row) == 2
+    assert row[0][1] == ids[299]
+    assert all(isinstance(r[2], str) for r in row)
+    assert top["input_token_logprobs"][1][0] == row[0][0]
     status, raw, _ = hicache_sim.request("POST", "/generate", {
         "input_ids": ids, "return_logprob": True, "logprob_start_len": 301})
     assert status == 400
