@@ -12,6 +12,8 @@ FAULTS = (
     "cut_stream",
     "ignore_host_tier",
     "slow_prefill",
+    "corrupt_host_tier",
+    "corrupt_device_tier",
 )
 
 # Calibration to the seed report (two RX 7900 XTX, TP=2, 27B W4A16 hybrid model):
