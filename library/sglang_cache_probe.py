@@ -342,6 +342,7 @@ lock_waited_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_pool_plan import hicache_cost
 from ansible.module_utils.sglang_probe_client import ProbeError, SGLangClient
 from ansible.module_utils.sglang_probe_gate import evaluate_gate, load_baseline
 from ansible.module_utils.sglang_probe_measure import (
@@ -387,6 +388,8 @@ def main():
                 result["lock_waited_s"] = lock.waited_s
             progress.write(f"start: {p['url']}, {p['input_len']} tokens, {p['repeats']} rounds, tier {p['tier']}")
             result.update(run_probe(p, client, on_round=progress.on_round))
+        if isinstance(result.get("pools"), dict):
+            result["pools"]["hicache_cost"] = hicache_cost(result["pools"], baseline)
         result["gate"] = evaluate_gate(result, p, baseline)
         if writes_report:
             write_report(p["report_path"], build_report(result, p))

@@ -31,7 +31,9 @@ Read off the pinned wheel (sglang 0.5.23, site-packages/sglang/srt/):
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -212,3 +214,174 @@ def probe_host_pool_findings(
                 f"--hicache-ratio in sglang_service_hicache_args or lower {variable}."
             )
     return found
+
+
+# --- after start, before the probe (issue 25 item 2) ------------------------------------------------
+HOST_METRIC = "sglang:hicache_host_total_tokens"
+POOL_TOLERANCE = 0.02  # a host pool within 2 % of the plan's figure passes
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # arg_groups/fields/schedule.py mamba_full_memory_ratio fallback
+
+
+def read_model_config(model_path: Any) -> dict | None:
+    """config.json of the model directory on this host, or None when it cannot be read."""
+    if not isinstance(model_path, str) or not os.path.isdir(model_path):
+        return None
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def host_tokens_from_metrics(text: Any) -> int | None:
+    """The smallest sglang:hicache_host_total_tokens sample of a Prometheus text page (one per rank)."""
+    if not isinstance(text, str):
+        return None
+    values = []
+    for line in text.splitlines():
+        if line.startswith(HOST_METRIC + "{") or line.startswith(HOST_METRIC + " "):
+            try:
+                values.append(int(float(line.rsplit(None, 1)[-1])))
+            except ValueError:
+                continue
+    return min(values) if values else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def server_pools(
+    server_info: Mapping[str, Any],
+    facts: Mapping[str, Any],
+    metrics_text: Any,
+    config: Mapping[str, Any] | None,
+    tolerance: float = POOL_TOLERANCE,
+) -> dict:
+    """The pools the server reports against the plan's figures from its own flags and config.json.
+
+    Returns device_tokens, kvcache_gb, host_tokens (reported, or None) with host_source, the expected
+    range and how it was worked out, failures (one sentence each, both figures named) and a note on
+    what was not checked.
+    """
+    info = server_info if isinstance(server_info, Mapping) else {}
+    states = info.get("internal_states")
+    usage = {}
+    if isinstance(states, list) and states and isinstance(states[0], Mapping):
+        usage = states[0].get("memory_usage") if isinstance(states[0].get("memory_usage"), Mapping) else {}
+    device = facts.get("max_total_num_tokens")
+    out: dict[str, Any] = {
+        "device_tokens": device,
+        "kvcache_gb": _number(usage.get("kvcache")),
+        "page_size": facts.get("page_size") or 1,
+        "host_tokens": None,
+        "host_source": None,
+        "host_expected": None,
+        "host_expected_how": None,
+        "failures": [],
+        "note": None,
+    }
+    if not facts.get("enable_hierarchical_cache"):
+        out["note"] = "HiCache off: no host pool"
+        return out
+    host = host_tokens_from_metrics(metrics_text)
+    source = f"/metrics {HOST_METRIC}"
+    sim = info.get("sglang_sim") if isinstance(info.get("sglang_sim"), Mapping) else {}
+    if host is None and isinstance(sim.get("host_pool_tokens"), int):
+        host, source = int(sim["host_pool_tokens"]), "/get_server_info sglang_sim.host_pool_tokens (simulator)"
+    if host is None:
+        out["note"] = (
+            f"the host pool is not checked: SGLang 0.5.23 reports its size only in /metrics "
+            f"{HOST_METRIC}, which needs --enable-metrics"
+        )
+        return out
+    out["host_tokens"], out["host_source"] = host, source
+    if config is None:
+        out["note"] = f"the host pool is not checked: no readable config.json in {facts.get('model_path')!r}"
+        return out
+    if not isinstance(device, int) or device < 1:
+        out["note"] = "the host pool is not checked: the server reports no device capacity"
+        return out
+    tp = int(_number(info.get("tp_size")) or 1)
+    elem = None
+    for name in (info.get("kv_cache_dtype"), info.get("dtype")):
+        if name and str(name) != "auto":
+            elem = DTYPE_BYTES.get(str(name), 2.0)
+            break
+    size_gb = _number(info.get("hicache_size")) or 0
+    ratio = _number(info.get("hicache_ratio"))
+    mode = str(info.get("hicache_host_memory_mode") or "cache")
+    try:
+        low, high, how = expected_host_range(
+            config, tp, device, out["page_size"], size_gb, ratio, mode, elem_bytes=elem
+        )
+    except PoolPlanError as exc:
+        out["note"] = f"the host pool is not checked: {exc}"
+        return out
+    if low < high and info.get("max_mamba_cache_size") is None:
+        # Auto-sized Mamba pool (kv_cache_configurator.py): its budget is r / (1 + r) of the memory the
+        # KV and Mamba pools share, so its device bytes are at most r x the KV pool's and the KV pool's
+        # share of --hicache-size (_split_hicache_size) is at least 1 / (1 + r).
+        r = _number(info.get("mamba_full_memory_ratio")) or DEFAULT_MAMBA_FULL_MEMORY_RATIO
+        bpt = kv_bytes_per_token(config, tp, elem)
+        low = host_tokens(bpt, device, out["page_size"], size_gb, ratio, mode, 1.0 / (1.0 + r))
+        how = how.replace("its share unknown: upper bound only", f"KV share >= 1 / (1 + {r:g})")
+    out["host_expected"] = [low, high]
+    out["host_expected_how"] = how
+    out["failures"] = compare("HiCache host pool", host, low, high, tolerance, how)
+    return out
+
+
+def hicache_cost(pools: Mapping[str, Any], baseline: Any) -> dict | None:
+    """The device capacity now against the host's baseline (a result, report or rollout record of an
+    earlier run); against a baseline without HiCache this is HiCache's GPU cost (the report's -31.5 %)."""
+    if not isinstance(baseline, Mapping):
+        return None
+    server = baseline.get("server") or baseline.get("server_info") or baseline
+    if not isinstance(server, Mapping):
+        return None
+    base = server.get("max_total_num_tokens")
+    now = pools.get("device_tokens")
+    if isinstance(base, bool) or not isinstance(base, int) or base < 1 or not isinstance(now, int):
+        return None
+    return {
+        "baseline_device_tokens": base,
+        "baseline_hicache": bool(server.get("enable_hierarchical_cache")),
+        "device_tokens": now,
+        "change_pct": round((now - base) * 100.0 / base, 1),
+    }
+
+
+def pool_gate_checks(result: Mapping[str, Any]) -> list[dict]:
+    """The gate's checks of the pools (sglang_probe_gate.evaluate_gate adds them)."""
+    pools = result.get("pools")
+    if not isinstance(pools, Mapping) or pools.get("host_expected") is None:
+        return []
+    failures = list(pools.get("failures") or [])
+    return [
+        {
+            "name": "pools.host_tokens",
+            "passed": not failures,
+            "value": pools.get("host_tokens"),
+            "limit": pools.get("host_expected"),
+            "reason": "; ".join(failures) or None,
+        }
+    ]
+
+
+def check_pools(client: Any, server_info: Mapping[str, Any], facts: Mapping[str, Any]) -> dict:
+    """After healthy, before the probe: fetch /metrics when the server exports it (--enable-metrics),
+    read config.json from the model path on this host, and compare (server_pools)."""
+    metrics = None
+    if (
+        facts.get("enable_hierarchical_cache")
+        and isinstance(server_info, Mapping)
+        and server_info.get("enable_metrics")
+    ):
+        status, data = client.request("GET", "/metrics")
+        if status == 200:
+            metrics = data.decode("utf-8", "replace")
+    return server_pools(server_info, facts, metrics, read_model_config(facts.get("model_path")))
