@@ -317,6 +317,20 @@ fillers:
   description: Filler requests sent per round for tier host (count, tokens of each, total tokens).
   returned: when tier is host or both
   type: dict
+pools:
+  description:
+    - The pools the server reports after it is healthy and before it is probed, against what SGLang
+      0.5.23 sizes from its flags and the model's C(config.json) on this host
+      (module_utils/sglang_pool_plan.py)
+    - C(device_tokens) (max_total_num_tokens), C(kvcache_gb), C(host_tokens) with C(host_source)
+      (C(/metrics) C(sglang:hicache_host_total_tokens) with C(--enable-metrics), else the simulator's
+      server info; a real server reports it nowhere else), C(host_expected) (lowest, highest),
+      C(host_expected_how), C(failures), C(note) (what was not checked), C(hicache_cost) (the device
+      capacity against the baseline's C(max_total_num_tokens)).
+    - With O(gate), a host pool outside the expected range fails the gate naming both figures, and
+      nothing is probed.
+  returned: when the server answered /get_server_info
+  type: dict
 gate:
   description: The verdict.
   returned: success or gate failure
