@@ -31,6 +31,7 @@ def build_report(result: dict, p: dict) -> dict:
         "warm": result.get("warm"),
         "fillers": result.get("fillers"),
         "gate": result.get("gate"),
+        "pools": result.get("pools"),
     }
 
 
