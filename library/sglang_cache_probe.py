@@ -352,7 +352,13 @@ from ansible.module_utils.sglang_probe_measure import (
     tiers_of,
     validate_params,
 )
-from ansible.module_utils.sglang_probe_report import ProgressLog, build_report, summary_line, write_report
+from ansible.module_utils.sglang_probe_report import (
+    ProgressLog,
+    build_report,
+    parity_line,
+    summary_line,
+    write_report,
+)
 
 
 def main():
@@ -388,6 +394,7 @@ def main():
             progress.write(f"start: {p['url']}, {p['input_len']} tokens, {p['repeats']} rounds, tier {p['tier']}")
             result.update(run_probe(p, client, on_round=progress.on_round))
         result["gate"] = evaluate_gate(result, p, baseline)
+        result["gate"]["parity"] = parity_line(result.get("parity"))
         if writes_report:
             write_report(p["report_path"], build_report(result, p))
             result["report_path"] = p["report_path"]
