@@ -65,7 +65,9 @@ options:
     type: int
     default: 16
   seed:
-    description: Seed of the random token ids; cold and warm requests use the same ids.
+    description:
+      - Seed of the random token ids; cold and warm requests use the same ids.
+      - The prompt is a random block of 256 ids repeated to O(input_len) (see O(parity_tokens)).
     type: int
     default: 42
   repeats:
@@ -73,7 +75,7 @@ options:
     type: int
     default: 3
   temperature:
-    description: Sampling temperature of every request.
+    description: Sampling temperature of every request; must be 0 while O(parity_tokens) is not 0.
     type: float
     default: 0.0
   tier:
@@ -197,6 +199,37 @@ options:
     description: Seconds to wait for O(lock_path) before failing.
     type: float
     default: 3600
+  parity_tokens:
+    description:
+      - >-
+        Answer parity: the warm answer of each round must equal that round's cold answer over the
+        first N output tokens (ids equal; log-probabilities within O(parity_logprob_tolerance) where
+        the server returns them). Both output lengths are raised to at least N. 0 turns the check off
+        (the result then says C(parity: off)).
+      - >-
+        Both reads are greedy (O(temperature) must be 0). The prompt is a seeded random block of 256
+        ids repeated to O(input_len): a language model copies a block it has already seen, so its
+        next tokens are near-certain and a recomputed and a cached prefix give the same greedy tokens
+        although GPUs are not bit-exact between them. Limits: a model that does not copy (a tiny or
+        broken one), random ids that include special or control tokens, or a block cut short at the
+        end of the prompt can still make a near-tie; a wrong cache that happens to yield the copied
+        tokens passes. The requests ask C(return_logprob) without C(logprob_start_len), so no prompt
+        logprobs are computed and the cached prefix is not shortened.
+      - >-
+        A server that returns output ids but no C(meta_info.output_token_logprobs) is compared by ids
+        only (the result says so). One that returns no output ids, or fewer than N, fails the check as
+        not checkable: never a silent pass.
+    type: int
+    default: 8
+  parity_logprob_tolerance:
+    description:
+      - >-
+        Largest absolute difference, in nats, between the cold and the warm log-probability of the
+        same chosen token. On the repeated-block prompt the copied tokens have log-probabilities near
+        0; reduced-precision kernels (bf16, split-K reductions) move them by hundredths between a
+        recomputed and a cached prefix, while a wrong cache drops them by whole nats. 0.5 sits between.
+    type: float
+    default: 0.5
 attributes:
   check_mode:
     description: Sends no request, returns the plan and predicts C(changed) (true when O(report_path) is set).
@@ -331,6 +364,15 @@ gate:
         With O(baseline): its source, its input_len, the scale applied to its cold TTFT, the
         figures compared (ms, at this run's input_len) and a note on what could not be compared.
       type: dict
+parity:
+  description: >-
+    Answer parity per warm tier (the round shown is the first that diverged, else the first not
+    checkable, else round 1): status (equal, diverged, not_checkable), position (first diverging
+    output token, from 0), cause (token or logprob), the cold and warm ids and logprobs compared,
+    logprobs_compared, max_logprob_diff, note. enabled is false when O(parity_tokens) is 0.
+    C(gate.parity) is the same in one line, e.g. C(parity: 8 tokens equal (device tier, host tier)).
+  returned: success or gate failure
+  type: dict
 report_path:
   description: Where the JSON record was written.
   returned: when report_path is set
