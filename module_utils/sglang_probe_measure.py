@@ -72,7 +72,7 @@ ARGUMENT_SPEC = {
     "progress_path": {"type": "path"},
     "lock_path": {"type": "path"},
     "lock_timeout": {"type": "float", "default": 3600.0},
-    "parity_tokens": {"type": "int", "default": 8},
+    "parity_tokens": {"type": "int", "default": 8, "no_log": False},  # a count of output tokens, no secret
     "parity_logprob_tolerance": {"type": "float", "default": 0.5},
 }
 
