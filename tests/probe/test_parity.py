@@ -82,7 +82,10 @@ def test_server_without_logprobs_is_compared_by_ids_only_and_says_so():
 def test_server_without_ids_is_not_checkable_never_a_pass():
     out = compare_outputs(None, None, None, None, 8, 0.5, "device")
     assert out["status"] == "not_checkable"
-    assert "no output token ids" in out["note"]
+    assert "the cold and warm read returned no output token ids" in out["note"]
+    one = compare_outputs(IDS, LPS, None, LPS, 8, 0.5, "host")
+    assert one["status"] == "not_checkable"
+    assert "the warm read returned no output token ids" in one["note"]
 
 
 def test_short_answers_are_not_checkable_but_a_difference_in_them_diverges():
@@ -326,3 +329,25 @@ def test_ansible_result_and_report_carry_parity(ansible_run, tmp_path):
     assert not passed.get("failed"), passed.get("msg")
     assert passed["gate"]["parity"] == "parity: 8 tokens equal (device tier; ids only, the server returned no logprobs)"
     assert "parity: 8 tokens equal (device tier" in passed["msg"]
+
+
+# --- the probe against the simulator (sim/): output ids, no logprobs ------------------------------
+
+
+@pytest.mark.parametrize("stream_args", [[], ["--incremental-streaming-output"]], ids=["whole", "incremental"])
+def test_simulator_answers_alike_and_is_compared_by_ids_only(start_sim, params, stream_args):
+    from sim_server import SEED_ARGS, probe_once, sim_available
+
+    if not sim_available():
+        pytest.skip("the simulator (sim/sglang_sim) is not in this tree")
+    sim = start_sim(SEED_ARGS + stream_args)
+    result = probe_once(params(url=sim.url, input_len=2048, repeats=2, tier="device", max_warm_cold_ratio=0.9,
+                               ready_timeout=30, request_timeout=60, flush_timeout=10))
+    device = result["parity"]["tiers"]["device"]
+    assert result["gate"]["passed"], result["gate"]["reasons"]
+    assert device["status"] == "equal"
+    assert len(device["cold"]["ids"]) == 8
+    assert device["cold"]["ids"] == device["warm"]["ids"]
+    assert device["logprobs_compared"] is False
+    assert parity_line(result["parity"]) == \
+        "parity: 8 tokens equal (device tier; ids only, the server returned no logprobs)"
