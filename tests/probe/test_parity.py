@@ -351,3 +351,31 @@ def test_simulator_answers_alike_and_is_compared_by_ids_only(start_sim, params, 
     assert device["logprobs_compared"] is False
     assert parity_line(result["parity"]) == \
         "parity: 8 tokens equal (device tier; ids only, the server returned no logprobs)"
+
+
+# --- the rollout role's settings: refused before any host changes (preflight) --------------------
+
+
+def test_rollout_parity_settings_are_range_checked_before_the_rollout():
+    from pathlib import Path
+
+    import yaml
+    from plugins import load
+
+    repo = Path(__file__).resolve().parents[2]
+    pi = load(repo / "roles/preflight/filter_plugins/preflight_inputs.py", "preflight_inputs_parity")
+    found = pi.run_input_findings({"probe": {"rollout_probe_parity_tokens": -1,
+                                             "rollout_probe_parity_logprob_tolerance": "lots"}})
+    assert any(f.startswith("rollout_probe_parity_tokens = -1 is out of range") for f in found), found
+    assert any(f.startswith("rollout_probe_parity_logprob_tolerance = 'lots' is not a number") for f in found), found
+    assert pi.run_input_findings({"probe": {"rollout_probe_parity_tokens": 8,
+                                            "rollout_probe_parity_logprob_tolerance": 0.5}}) == []
+    # the role publishes both to preflight (tasks/settings.yml) and passes both to the module (tasks/main.yml)
+    settings = yaml.safe_load((repo / "roles/rollout/tasks/settings.yml").read_text())[0]
+    gate = settings["ansible.builtin.set_fact"]["rollout_settings"]["gate"]
+    assert {"rollout_probe_parity_tokens", "rollout_probe_parity_logprob_tolerance"} <= set(gate)
+    probe_task = next(t for t in yaml.safe_load((repo / "roles/rollout/tasks/main.yml").read_text())
+                      if "sglang_cache_probe" in t)
+    assert probe_task["sglang_cache_probe"]["parity_tokens"] == "{{ rollout_probe_parity_tokens }}"
+    assert probe_task["sglang_cache_probe"]["parity_logprob_tolerance"] == \
+        "{{ rollout_probe_parity_logprob_tolerance }}"
