@@ -123,7 +123,8 @@ def accumulate_output(acc: dict, event: dict) -> None:
 
     SGLang streams either the whole output so far (the default) or only the new part
     (--incremental-streaming-output; meta_info.output_token_logprobs is then sliced the same way):
-    meta_info.completion_tokens tells which. Logprob entries are [logprob, token_id, text-or-None]."""
+    meta_info.completion_tokens tells which; anything else (ids that rewrite earlier ones, a count that
+    matches neither) leaves nothing to compare. Logprob entries are [logprob, token_id, text-or-None]."""
     meta = event.get("meta_info") if isinstance(event.get("meta_info"), dict) else {}
     total = meta.get("completion_tokens")
     for key, part in (("ids", event.get("output_ids")), ("logprobs", meta.get("output_token_logprobs"))):
@@ -144,7 +145,9 @@ def accumulate_output(acc: dict, event: dict) -> None:
                 value = entry[0] if isinstance(entry, (list, tuple)) and entry else None
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                 values.append(float(value) if ok else None)
-        if len(values) == total:
+        # The whole output so far: as many values as tokens generated, or more (SGLang passes a reference
+        # to the growing list on intermediate chunks), starting with what came before.
+        if len(values) >= total and values[:len(have)] == have:
             acc[key] = values
         elif len(have) + len(values) == total:
             have.extend(values)

@@ -231,8 +231,14 @@ def test_stream_without_ids_logprobs_or_counts_leaves_nothing_to_compare():
     accumulate_output(acc, {"output_ids": [5], "meta_info": {}})  # no completion_tokens: shape unknown
     assert acc["ids"] is None
     acc = {"ids": [], "logprobs": []}
-    accumulate_output(acc, _event([5, 6], 1))  # more ids than tokens generated
+    accumulate_output(acc, _event([5], 1))
+    accumulate_output(acc, _event([6, 7], 2))  # rewrites the first id: neither whole nor a delta
     assert acc["ids"] is None
+    acc = {"ids": [], "logprobs": []}
+    accumulate_output(acc, _event([5], 1))
+    accumulate_output(acc, _event([5, 6, 7], 2))  # the growing list, serialized after a later step
+    accumulate_output(acc, _event([5, 6, 7], 3))
+    assert acc["ids"] == [5, 6, 7]
     acc = {"ids": [], "logprobs": []}
     accumulate_output(acc, _event([5, True], 2))
     assert acc["ids"] is None
