@@ -12,8 +12,9 @@ description:
   - >-
     Measures what the field report's A/B method measures, on a live SGLang server through the native
     C(/generate) API with streaming. A cold request (after C(POST /flush_cache)) of exactly
-    O(input_len) seeded random token ids, then warm re-sends of the same ids; says whether the host
-    passes.
+    O(input_len) seeded random token ids (a random block repeated), then warm re-sends of the same
+    ids; says whether the host passes: fast warm reads, the tokens reported as cached, and the same
+    greedy answer as the cold read (O(parity_tokens)).
   - >-
     Each round (medians over O(repeats) rounds) flushes the server cache (retried while the server is
     busy, until O(flush_timeout)) and sends the cold request with O(cold_output_len) output tokens.
