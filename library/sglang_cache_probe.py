@@ -351,6 +351,20 @@ fillers:
   description: Filler requests sent per round for tier host (count, tokens of each, total tokens).
   returned: when tier is host or both
   type: dict
+pools:
+  description:
+    - The pools the server reports after it is healthy and before it is probed, against what SGLang
+      0.5.23 sizes from its flags and the model's C(config.json) on this host
+      (module_utils/sglang_pool_plan.py)
+    - C(device_tokens) (max_total_num_tokens), C(kvcache_gb), C(host_tokens) with C(host_source)
+      (C(/metrics) C(sglang:hicache_host_total_tokens) with C(--enable-metrics), else the simulator's
+      server info; a real server reports it nowhere else), C(host_expected) (lowest, highest),
+      C(host_expected_how), C(failures), C(note) (what was not checked), C(hicache_cost) (the device
+      capacity against the baseline's C(max_total_num_tokens)).
+    - With O(gate), a host pool outside the expected range fails the gate naming both figures, and
+      nothing is probed.
+  returned: when the server answered /get_server_info
+  type: dict
 gate:
   description: The verdict.
   returned: success or gate failure
@@ -385,6 +399,7 @@ lock_waited_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_pool_plan import hicache_cost
 from ansible.module_utils.sglang_probe_client import ProbeError, SGLangClient
 from ansible.module_utils.sglang_probe_gate import evaluate_gate, load_baseline
 from ansible.module_utils.sglang_probe_measure import (
@@ -436,6 +451,8 @@ def main():
                 result["lock_waited_s"] = lock.waited_s
             progress.write(f"start: {p['url']}, {p['input_len']} tokens, {p['repeats']} rounds, tier {p['tier']}")
             result.update(run_probe(p, client, on_round=progress.on_round))
+        if isinstance(result.get("pools"), dict):
+            result["pools"]["hicache_cost"] = hicache_cost(result["pools"], baseline)
         result["gate"] = evaluate_gate(result, p, baseline)
         result["gate"]["parity"] = parity_line(result.get("parity"))
         if writes_report:

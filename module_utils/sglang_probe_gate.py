@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from ansible.module_utils.common.validation import check_type_path
+from ansible.module_utils.sglang_pool_plan import pool_gate_checks
 from ansible.module_utils.sglang_probe_client import ProbeError
 
 
@@ -172,6 +173,7 @@ def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
                   f"{regression:g}, regression_slack_ms {slack:g})")
 
     checks.extend(parity_checks(result.get("parity")))
+    checks.extend(pool_gate_checks(result))  # issue 25 item 2 (module_utils/sglang_pool_plan.py)
     reasons = [c["reason"] for c in checks if not c["passed"]]
     gate = {"enabled": bool(p.get("gate", True)), "passed": not reasons, "reasons": reasons, "checks": checks}
     if compared is not None:

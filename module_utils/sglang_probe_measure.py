@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from ansible.module_utils.sglang_pool_plan import check_pools
 from ansible.module_utils.sglang_probe_client import (
     MissingAccounting,
     ProbeError,
@@ -396,6 +397,10 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
     if isinstance(limit, int) and limit > 0 and p["input_len"] > limit:
         raise ProbeError(f"input_len {p['input_len']} exceeds the server's max_req_input_len {limit}; lower "
                          "input_len or raise the server's --context-length.")
+    # Issue 25 item 2: the pools the server reports against the plan, before anything is probed.
+    result["pools"] = check_pools(client, server_info, facts)
+    if result["pools"]["failures"] and p.get("gate", True):
+        return result
     tiers = tiers_of(p["tier"])
     fillers: list[int] = []
     if "host" in tiers:

@@ -33,6 +33,7 @@ def build_report(result: dict, p: dict) -> dict:
         "fillers": result.get("fillers"),
         "gate": result.get("gate"),
         "parity": result.get("parity"),
+        "pools": result.get("pools"),
     }
 
 

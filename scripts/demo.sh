@@ -92,6 +92,10 @@ else
   if [ "$n" -lt 3 ]; then limit=(--limit "$(seq -f 'demo-%g' -s, 1 "$n")"); fi
 fi
 
+# The controller's fact cache (ansible.cfg: .cache/facts, a day) may hold facts of an earlier demo
+# host of the same name, or of whatever answered on its address: a booted guest is a new machine.
+for i in $(seq 1 "$n"); do rm -f .cache/facts/*"demo-$i"; done
+
 say "3/4 Run site.yml on the demo fleet: preflight, ROCm, venv, models, then the gated rollout"
 cat <<'TXT'
    Each host gets a hardened systemd unit with the field report's validated HiCache launch command.

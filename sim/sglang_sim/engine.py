@@ -5,6 +5,7 @@ Timing (modelled seconds; the simulator sleeps modelled x SGLANG_SIM_TIME_SCALE)
     decode  = 1 / decode_rate per generated token after the first
 Up to --max-running-requests requests run; the others queue. Prefills run one at a time (one
 GPU batch), decodes of running requests overlap.
+Which ids come out (greedy/sampled, a repeated block continued, the corrupt_* faults): output.py.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 
 from .cache import PrefixCache
 from .model import ModelInfo, PoolSizes
+from .output import CORRUPT_FROM, Output, input_logprob
 from .settings import Settings
-from .tokenizer import first_out_of_vocab, out_of_vocab_message, output_id, output_piece
+from .tokenizer import first_out_of_vocab, out_of_vocab_message, output_piece, token_text
 
 # Prompts whose ids were already checked against the vocabulary (warm re-sends skip the scan).
 VOCAB_CHECKED_KEEP = 8
@@ -44,6 +46,13 @@ class SimRequest:
     # When the request arrived (time.monotonic(), set by the HTTP layer before it reads the
     # body); the modelled time runs from here. None: when the engine first sees it.
     arrived: float | None = None
+    # Sampling: greedy when temperature is 0 (or top_k is 1), as SGLang's sampling_params.py.
+    greedy: bool = False
+    sampling_seed: int | None = None
+    # Logprobs (GenerateReqInput): -1 = output tokens only (SGLang's default).
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
 
 
 @dataclass
@@ -55,6 +64,9 @@ class Event:
     token_id: int
     finished: bool
     meta: dict[str, Any]
+    logprob: float = 0.0
+    # top_logprobs_num > 0: [(logprob, id), ...] best first (the chosen token first when greedy)
+    top: list[tuple[float, int]] | None = None
 
 
 def modelled_wait(modelled_s: float, time_scale: float, spent_s: float) -> float:
@@ -148,6 +160,14 @@ class Engine:
                 "--allow-auto-truncate.",
             )
         self.check_vocab(req.tokens)
+        if req.return_logprob and req.logprob_start_len > n:
+            # scheduler.py: the request is aborted; the tokenizer manager answers 400.
+            raise RequestError(
+                400,
+                f"req.logprob_start_len={req.logprob_start_len} is higher than the number of "
+                f"input tokens len(req.origin_input_ids)={n}. Please use a smaller "
+                "logprob_start_len.",
+            )
 
     def check_vocab(self, data: bytes) -> None:
         """400 for an id outside [0, vocab_size). SGLang 0.5.23 itself has no such check on
@@ -221,7 +241,7 @@ class Engine:
                 # The modelled prefill begins once the request is here and the GPU is free.
                 t_start = max(t_slot, self.gpu_free_at)
                 with self.cache_lock:
-                    match = self.cache.match(data)
+                    match = self.cache.match(self._match_limit(req, data))
                     locked = match.path
                     self.cache.lock(locked, +1)
                 uncached = n - match.cached_tokens
@@ -236,12 +256,16 @@ class Engine:
                 self.gpu_free_at = time.monotonic()
             t_first = time.monotonic()
             ttft = t_first - t_arrive
-            seed = hash(data[-64:]) & 0x7FFFFFFF
+            out = Output(data, self.model.vocab_size, greedy=req.greedy,
+                         sampling_seed=req.sampling_seed,
+                         corrupt_from=self._corrupt_from(match.device_tokens, match.host_tokens))
             meta_base = {
                 "prompt_tokens": n,
                 "cached_tokens": match.cached_tokens,
                 "details": self._details(match.device_tokens, match.host_tokens),
                 "ttft": ttft,
+                "input_logprobs": self._input_logprobs(req, data, out) if req.return_logprob
+                else None,
                 "sim": {
                     "simulator": True,
                     "modelled_prefill_s": modelled,
@@ -250,6 +274,7 @@ class Engine:
                     "host_hit_tokens": match.host_tokens,
                     "time_scale": scale,
                     "queue_s": t_start - t_arrive,
+                    "corrupted_from": out.corrupt_from,
                 },
             }
             total = max(0, req.max_new_tokens)
@@ -270,8 +295,11 @@ class Engine:
                     elapsed = time.monotonic() - t_first
                     if elapsed > 0 and total > 1:
                         self.metrics.last_gen_throughput = (total - 1) / elapsed
-                yield Event(i, output_piece(seed, i), output_id(seed, i, self.model.vocab_size),
-                            finished, dict(meta_base, completion_tokens=i + 1))
+                token_id, logprob = out.token(i)
+                top = self._top(out, i, token_id, logprob, req.top_logprobs_num) \
+                    if req.return_logprob and req.top_logprobs_num > 0 else None
+                yield Event(i, output_piece(token_id), token_id, finished,
+                            dict(meta_base, completion_tokens=i + 1), logprob, top)
         finally:
             if locked:
                 with self.cache_lock:
@@ -279,6 +307,58 @@ class Engine:
             with self.cond:
                 self.running -= 1
                 self.cond.notify_all()
+
+    def _match_limit(self, req: SimRequest, data: bytes) -> bytes:
+        """The prompt as the prefix match sees it. schedule_batch.py _compute_max_prefix_len:
+        with return_logprob and logprob_start_len >= 0 at most logprob_start_len tokens come
+        from the cache (the match already leaves the last token to compute)."""
+        start = req.logprob_start_len
+        if not req.return_logprob or start < 0:
+            return data
+        parts = data.split(b",", start + 1)
+        if len(parts) <= start + 1:
+            return data
+        return data[:sum(len(p) + 1 for p in parts[:start + 1])]
+
+    def _corrupt_from(self, device: int, host: int) -> int | None:
+        """The corrupt_* faults: the index from which the output differs from the clean one."""
+        faults = self.settings.faults
+        if "corrupt_host_tier" in faults and host > 0:
+            return CORRUPT_FROM
+        if "corrupt_device_tier" in faults and device > 0 and host == 0:
+            return CORRUPT_FROM
+        return None
+
+    def _input_logprobs(self, req: SimRequest, data: bytes, out: Output) -> dict[str, list]:
+        """Prompt logprobs from logprob_start_len on (logprob_result_processor.py: the first
+        value is None, the ids are origin_input_ids[logprob_start_len:]); none by default."""
+        start = req.logprob_start_len
+        n = data.count(b",")
+        if start < 0 or start >= n:
+            return {"token": [], "top": []}
+        ids = [int(p) for p in data.split(b",")[start:-1]]
+        values: list[float | None] = [None] + [input_logprob(out.digest, start + j)
+                                               for j in range(1, len(ids))]
+        token = [(v, i, token_text(i)) for v, i in zip(values, ids, strict=True)]
+        top: list = []
+        if req.top_logprobs_num > 0:
+            top = [None] + [
+                [(v, i, token_text(i))] + [
+                    (round(v - 0.5 - r, 6), alt, token_text(alt))
+                    for r in range(req.top_logprobs_num - 1)
+                    for alt in ((i + 7919 * (r + 1)) % out.vocab,)]
+                for v, i in zip(values[1:], ids[1:], strict=True)
+            ]
+        return {"token": token, "top": top}
+
+    def _top(self, out: Output, index: int, token_id: int, logprob: float,
+             k: int) -> list[tuple[float, int]]:
+        """The k best tokens at an output position; greedy picks the first."""
+        rows = [(logprob, token_id)]
+        for r in range(1, k):
+            rows.append((round(min(logprob, -0.001) - 0.7 * r - 0.5, 6),
+                         (token_id + 104_729 * r + index) % out.vocab))
+        return rows
 
     def _details(self, device: int, host: int) -> dict[str, int] | None:
         if device > 0 or host > 0:

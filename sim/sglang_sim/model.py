@@ -161,6 +161,8 @@ def size_pools(model: ModelInfo, values: dict[str, Any], settings: Settings) -> 
             if ratio is None:
                 ratio = 1.2 if values.get("hicache_host_memory_mode") == "buffer_only" else 2.0
             host = int(device * float(ratio))
+        if "pool_mismatch" in settings.faults:
+            host //= 2  # the fault: a host pool of half the configured size, used and reported as such
         host = (host // page + 1) * page  # SGLang reserves one padding page
         requested = host * bpt
     return PoolSizes(

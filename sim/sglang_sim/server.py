@@ -10,6 +10,7 @@ observability/metrics_collector.py (metric names), utils/auth.py (API key rules)
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import uuid
@@ -25,6 +26,7 @@ from .tokenizer import (
     canonical,
     ids_segment_to_canonical,
     out_of_vocab_message,
+    output_piece,
     render_chat,
     tokenize,
 )
@@ -222,6 +224,75 @@ class SimState:
                 out.append(f"{family}_count{fmt(labels)} {float(len(samples))}")
                 out.append(f"{family}_sum{fmt(labels)} {float(sum(samples))}")
         return "\n".join(out) + "\n"
+
+
+def _sampling(req: SimRequest, params: dict[str, Any]) -> None:
+    """Greedy or sampled, as SGLang 0.5.23's sampling_params.py decides: temperature defaults to
+    1.0; a temperature below 1e-6 means top_k = 1 (greedy)."""
+    temperature = params.get("temperature")
+    temperature = 1.0 if temperature is None else temperature
+    try:
+        temperature = float(temperature)
+    except (TypeError, ValueError):
+        raise RequestError(400, f"temperature must be a number, got {temperature!r}.") from None
+    if not math.isfinite(temperature) or temperature < 0.0:
+        raise RequestError(
+            400, f"temperature must be a non-negative finite number, got {temperature}.")
+    top_k = params.get("top_k")
+    req.greedy = temperature < 1e-6 or top_k == 1
+    seed = params.get("sampling_seed")
+    if seed is not None:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise RequestError(
+                400, f"sampling_seed must be an integer, got {type(seed).__name__}.")
+        req.sampling_seed = seed
+
+
+def _int_param(body: dict[str, Any], key: str, default: int) -> int:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError(400, f"{key} must be an integer, got {value!r}.")
+    return value
+
+
+def _logprob_params(req: SimRequest, body: dict[str, Any]) -> None:
+    """GenerateReqInput's logprob fields (io_struct.py): return_logprob (default False),
+    logprob_start_len (default -1: output tokens only), top_logprobs_num (default 0);
+    scheduler.py ignores logprob_start_len without return_logprob."""
+    req.return_logprob = bool(body.get("return_logprob"))
+    req.top_logprobs_num = max(0, _int_param(body, "top_logprobs_num", 0))
+    req.logprob_start_len = _int_param(body, "logprob_start_len", -1)
+    if not req.return_logprob:
+        req.logprob_start_len = -1
+
+
+def _with_logprobs(meta: dict[str, Any], req: SimRequest, ev: Event, token_rows: list,
+                   top_rows: list, cut: int, text: bool) -> dict[str, Any]:
+    """meta_info with the logprob keys, in the order SGLang 0.5.23 puts them
+    (tokenizer_manager.py _handle_batch_output -> add_logprob_to_meta_info: after
+    num_retractions, before reasoning_tokens). input_token_logprobs is sent whole in every
+    chunk; the output_* lists are cumulative, or only the new rows with
+    --incremental-streaming-output (_slice_streaming_output_meta_info);
+    output_token_logprobs_length counts all rows so far."""
+    inputs = ev.meta["input_logprobs"] or {"token": [], "top": []}
+
+    def rows(items: list) -> list:
+        return [[v, i, t if text else None] for v, i, t in items]
+
+    out: dict[str, Any] = {}
+    for key, value in meta.items():
+        if key == "reasoning_tokens":
+            out["input_token_logprobs"] = rows(inputs["token"])
+            out["output_token_logprobs"] = [list(r) for r in token_rows[cut:]]
+            out["output_token_logprobs_length"] = len(token_rows)
+            if req.top_logprobs_num > 0:
+                out["input_top_logprobs"] = [None if r is None else rows(r)
+                                             for r in inputs["top"]]
+                out["output_top_logprobs"] = [list(r) for r in top_rows[cut:]]
+        out[key] = value
+    return out
 
 
 def _finish_reason(count: int) -> dict[str, Any]:
@@ -454,14 +525,34 @@ class Handler(BaseHTTPRequestHandler):
         req = SimRequest(tokens=tokens, max_new_tokens=max_new, stream=bool(body.get("stream")),
                          log_metrics=body.get("log_metrics", True) is not False,
                          arrived=self._arrived)
+        _sampling(req, params)
+        _logprob_params(req, body)
+        text_in_logprobs = bool(body.get("return_text_in_logprobs"))
         if body.get("rid"):
             req.rid = str(body["rid"])
         incremental = bool(self.state.values.get("incremental_streaming_output"))
         events = self.state.engine.run(req)
         started = self._arrived
+        # Output logprob rows so far: [logprob, token_id, text or None] (tokenizer_manager.py
+        # detokenize_logprob_tokens; JSON turns its tuples into lists).
+        token_rows: list[list[Any]] = []
+        top_rows: list[Any] = []
+        sent = 0  # rows already sent (incremental streaming sends only the new ones)
 
         def payload(ev: Event, text: str, ids: list[int]) -> dict[str, Any]:
+            nonlocal sent
             meta = self._meta(req, ev, started)
+            if req.return_logprob:
+                if ev.index >= 0:
+                    piece = ev.piece if text_in_logprobs else None
+                    token_rows.append([ev.logprob, ev.token_id, piece])
+                    if ev.top is not None:
+                        top_rows.append([[lp, tid, output_piece(tid) if text_in_logprobs
+                                          else None] for lp, tid in ev.top])
+                cut = sent if req.stream and incremental else 0
+                sent = len(token_rows)
+                meta = _with_logprobs(meta, req, ev, token_rows, top_rows, cut,
+                                      text_in_logprobs)
             return {"text": text, "output_ids": ids, "meta_info": meta}
 
         if not req.stream:
@@ -472,6 +563,8 @@ class Handler(BaseHTTPRequestHandler):
                 if ev.index >= 0:
                     pieces.append(ev.piece)
                     ids.append(ev.token_id)
+                    if req.return_logprob and not ev.finished:
+                        payload(ev, "", [])  # collect the logprob rows
                 last = ev
             self._json(200, payload(last, "".join(pieces), ids))
             return
@@ -579,6 +672,7 @@ class Handler(BaseHTTPRequestHandler):
         stream = bool(body.get("stream"))
         req = SimRequest(tokens=tokens, max_new_tokens=max_new, stream=stream,
                          arrived=self._arrived)
+        _sampling(req, body)  # temperature / top_k at the top level (OpenAI protocol)
         model = body.get("model") or "default"
         created = int(time.time())
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex

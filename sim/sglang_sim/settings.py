@@ -12,6 +12,9 @@ FAULTS = (
     "cut_stream",
     "ignore_host_tier",
     "slow_prefill",
+    "corrupt_host_tier",
+    "corrupt_device_tier",
+    "pool_mismatch",
 )
 
 # Calibration to the seed report (two RX 7900 XTX, TP=2, 27B W4A16 hybrid model):

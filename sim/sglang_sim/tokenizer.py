@@ -163,10 +163,13 @@ def render_chat(messages: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def output_piece(seed: int, index: int) -> str:
-    """The text of generated token ``index`` for a prompt whose cache key is ``seed``."""
-    return " " + _WORDS[(seed + index * 7) % len(_WORDS)]
+def output_piece(token_id: int) -> str:
+    """The text of a generated token: a word picked by its id (the simulator has no vocabulary)."""
+    return " " + _WORDS[token_id % len(_WORDS)]
 
 
-def output_id(seed: int, index: int, vocab_size: int) -> int:
-    return (seed * 31 + index * 1009 + 17) % vocab_size
+def token_text(token_id: int) -> str:
+    """The text of a prompt token: the inverse of ``tokenize`` for ids below 2**32 (4 bytes,
+    little-endian, NUL padding dropped; undecodable bytes replaced)."""
+    raw = (token_id % (1 << 32)).to_bytes(4, "little").rstrip(b"\0")
+    return raw.decode("utf-8", errors="replace")

@@ -337,11 +337,11 @@ def test_ansible_result_and_report_carry_parity(ansible_run, tmp_path):
     assert "parity: 8 tokens equal (device tier" in passed["msg"]
 
 
-# --- the probe against the simulator (sim/): output ids, no logprobs ------------------------------
+# --- the probe against the simulator (sim/): greedy ids and logprobs, corrupt_* faults ---------------
 
 
 @pytest.mark.parametrize("stream_args", [[], ["--incremental-streaming-output"]], ids=["whole", "incremental"])
-def test_simulator_answers_alike_and_is_compared_by_ids_only(start_sim, params, stream_args):
+def test_simulator_answers_alike_with_logprobs_compared(start_sim, params, stream_args):
     from sim_server import SEED_ARGS, probe_once, sim_available
 
     if not sim_available():
@@ -354,9 +354,32 @@ def test_simulator_answers_alike_and_is_compared_by_ids_only(start_sim, params, 
     assert device["status"] == "equal"
     assert len(device["cold"]["ids"]) == 8
     assert device["cold"]["ids"] == device["warm"]["ids"]
-    assert device["logprobs_compared"] is False
-    assert parity_line(result["parity"]) == \
-        "parity: 8 tokens equal (device tier; ids only, the server returned no logprobs)"
+    # the prompt's block is copied: the answer is the block's start again (2048 = 8 x 256, so it ends
+    # at a block boundary), with logprobs near 0 (sim/sglang_sim/output.py)
+    assert device["logprobs_compared"] is True
+    assert all(-0.5 < lp <= 0 for lp in device["cold"]["logprobs"])
+    assert parity_line(result["parity"]) == "parity: 8 tokens equal (device tier)"
+
+
+@pytest.mark.parametrize(("fault", "bad", "good"), [("corrupt_host_tier", "host", "device"),
+                                                    ("corrupt_device_tier", "device", "host")])
+def test_simulator_reading_a_tier_back_wrong_fails_at_token_3(start_sim, params, fault, bad, good):
+    from sim_server import HICACHE_ARGS, SEED_ARGS, probe_once, sim_available
+
+    if not sim_available():
+        pytest.skip("the simulator (sim/sglang_sim) is not in this tree")
+    sim = start_sim(SEED_ARGS + HICACHE_ARGS, SGLANG_SIM_FAULT=fault)
+    result = probe_once(params(url=sim.url, input_len=16384, repeats=1, tier="both", max_warm_cold_ratio=0.9,
+                               ready_timeout=30, request_timeout=60, flush_timeout=10))
+    tiers = result["parity"]["tiers"]
+    assert (tiers[bad]["status"], tiers[bad]["position"], tiers[bad]["cause"]) == ("diverged", 3, "token")
+    assert tiers[bad]["cold"]["ids"][:3] == tiers[bad]["warm"]["ids"][:3]
+    assert tiers[good]["status"] == "equal"
+    assert result["gate"]["passed"] is False
+    assert [r for r in result["gate"]["reasons"] if "answer differs" in r] == [
+        r for r in result["gate"]["reasons"] if r.startswith(f"warm ({bad}) answer differs from the cold one at "
+                                                             "output token 3 (round 1, temperature 0)")]
+    assert any(f"warm ({bad}) answer differs" in r for r in result["gate"]["reasons"])
 
 
 # --- the rollout role's settings: refused before any host changes (preflight) --------------------

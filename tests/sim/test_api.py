@@ -74,8 +74,8 @@ def test_health_and_ready(hicache_sim):
 
 def test_generate_meta_info_and_device_hit(hicache_sim):
     ids = _ids(1, 1000)
-    first = hicache_sim.post_json("/generate", {"input_ids": ids,
-                                                "sampling_params": {"max_new_tokens": 5}})
+    greedy = {"max_new_tokens": 5, "temperature": 0}
+    first = hicache_sim.post_json("/generate", {"input_ids": ids, "sampling_params": greedy})
     meta = first["meta_info"]
     assert meta["prompt_tokens"] == 1000
     assert meta["completion_tokens"] == 5
@@ -86,11 +86,10 @@ def test_generate_meta_info_and_device_hit(hicache_sim):
     assert len(first["output_ids"]) == 5
     assert isinstance(first["text"], str)
     assert first["text"]
-    again = hicache_sim.post_json("/generate", {"input_ids": ids,
-                                                "sampling_params": {"max_new_tokens": 5}})
+    again = hicache_sim.post_json("/generate", {"input_ids": ids, "sampling_params": greedy})
     assert again["meta_info"]["cached_tokens"] == 999
     assert again["meta_info"]["cached_tokens_details"] == {"device": 999, "host": 0}
-    assert again["text"] == first["text"]  # deterministic output
+    assert again["text"] == first["text"]  # deterministic greedy output
 
 
 def test_host_hit_after_device_eviction(hicache_sim):

@@ -263,3 +263,38 @@ def test_wheel_builds_offline_with_the_in_tree_backend(tmp_path):
                 "sglang_sim-0.1.0.dist-info/RECORD"} <= names
         entry_points = wheel.read("sglang_sim-0.1.0.dist-info/entry_points.txt").decode()
         assert "sglang_sim.launch_server:main" in entry_points
+
+
+# ---------------------------------------------------------------- output.py
+def test_tail_ids_is_the_last_ids_wherever_the_window_cuts():
+    import random
+
+    from sglang_sim.output import REPEAT_WINDOW, tail_ids
+
+    rng = random.Random(5)
+    for n in (1, 2, REPEAT_WINDOW - 1, REPEAT_WINDOW, REPEAT_WINDOW + 1, 40_000):
+        ids = [rng.randrange(248_320) for _ in range(n)]
+        assert tail_ids(canonical(ids)) == ids[-REPEAT_WINDOW:], n
+    # ids padded so the byte window starts exactly after a comma (no partial id to drop)
+    wide = [10 ** 19 + i for i in range(REPEAT_WINDOW + 3)]
+    assert tail_ids(canonical(wide)) == wide[-REPEAT_WINDOW:]
+
+
+def test_repeated_block_finds_the_shortest_block_up_to_half_the_window():
+    import random
+
+    from sglang_sim.output import REPEAT_WINDOW, Output, repeated_block, tail_ids
+
+    rng = random.Random(6)
+    noise = [rng.randrange(248_320) for _ in range(50_000)]
+    assert repeated_block(tail_ids(canonical(noise))) is None
+    assert repeated_block([1, 2, 3, 3]) == [3]
+    big = [rng.randrange(248_320) for _ in range(REPEAT_WINDOW // 2)]
+    assert repeated_block(tail_ids(canonical(noise + big * 2))) == big
+    too_big = [*big, 7]
+    assert repeated_block(tail_ids(canonical(noise + too_big * 2))) is None
+    # ids stay inside a small vocabulary, greedy output is reproducible
+    out = Output(canonical(noise), 1000)
+    ids = [out.token(i)[0] for i in range(50)]
+    assert all(0 <= t < 1000 for t in ids)
+    assert ids == [Output(canonical(noise), 1000).token(i)[0] for i in range(50)]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -658,6 +659,60 @@ def service_findings(
                         f"{unit}: {variable} = {length} (+ rollout_probe_cold_output_len {output}) is longer than "
                         f"its --context-length {context}; lower {variable} or raise --context-length."
                     )
+    found.extend(probe_pool_findings(plan, probe))
+    return found
+
+
+# The probe module's default filler_factor (module_utils/sglang_probe_measure.py ARGUMENT_SPEC), which the
+# rollout role does not change: the host-tier proof pushes ceil(1.0 x the device pool) filler tokens.
+PROBE_FILLER_FACTOR = 1.0
+
+
+def probe_host_pool_tokens(args: Mapping[str, Any], kv_bytes_per_token: int, device_tokens: int) -> int | None:
+    """Host KV pool tokens per rank as SGLang 0.5.23 sizes it (src/mem_cache/pool_host/base.py
+    HostKVCache.__init__; the same arithmetic as module_utils/sglang_pool_plan.py host_tokens, which a test
+    compares): --hicache-size GB x 1e9 // bytes per token, else int(device tokens x --hicache-ratio), plus
+    one padding page. For a hybrid model this is the upper bound: SGLang splits --hicache-size with the
+    Mamba host pool (hybrid_pool_assembler.py _split_hicache_size)."""
+    page = _whole(args.get("--page-size")) or 1
+    size = _whole(args.get("--hicache-size")) or 0
+    if size > 0:
+        tokens = int(size * 1e9 // kv_bytes_per_token)
+    else:
+        try:
+            ratio = float(args.get("--hicache-ratio"))
+        except (TypeError, ValueError):
+            ratio = 1.2 if str(args.get("--hicache-host-memory-mode")) == "buffer_only" else 2.0
+        tokens = int(device_tokens * ratio)
+    return (tokens // page + 1) * page
+
+
+def probe_pool_findings(plan: Sequence[Mapping[str, Any]], probe: Mapping[str, Any]) -> list[str]:
+    """Issue 25 item 3: the host pool must hold the probed prefix plus the fillers the host-tier proof pushes
+    through it. probe: rollout_probe_input_len(_canary), device_tokens (preflight_probe_device_tokens),
+    kv_bytes_per_token (preflight_kv_bytes_per_token); either 0: not checked."""
+    device = _whole(probe.get("device_tokens")) or 0
+    bpt = _whole(probe.get("kv_bytes_per_token")) or 0
+    if device <= 0 or bpt <= 0:
+        return []
+    filler = math.ceil(device * PROBE_FILLER_FACTOR)
+    found = []
+    for entry in plan:
+        args = entry.get("args") or {}
+        if not entry.get("hicache") or not args.get("--enable-hierarchical-cache"):
+            continue
+        host = probe_host_pool_tokens(args, bpt, device)
+        for variable in ("rollout_probe_input_len_canary", "rollout_probe_input_len"):
+            length = _whole(probe.get(variable))
+            if length is None or length + filler <= host:
+                continue
+            found.append(
+                f"{entry.get('unit')}: its HiCache host pool holds {host} tokens per rank (--hicache-size "
+                f"{args.get('--hicache-size', 0)} GB / --hicache-ratio {args.get('--hicache-ratio', 'default')} at "
+                f"preflight_kv_bytes_per_token {bpt}) but the probe's host tier needs {length + filler}: {variable} "
+                f"{length} + {filler} filler tokens (one device pool, preflight_probe_device_tokens {device}). "
+                f"Raise '--hicache-size' in sglang_service_hicache_args or lower {variable}."
+            )
     return found
 
 

@@ -104,7 +104,36 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "note": record.get("note", ""),
         "router": list(record.get("router") or []),
         "input_len": probe.get("input_len"),
+        "pools": probe.get("pools") or {},
     }
+
+
+def pool_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 25 item 2: each host's GPU KV capacity and host pool as the server reported them after
+    start, and the capacity against the host's baseline (HiCache's cost against one without it)."""
+    rows = [row for row in rows if (row.get("pools") or {}).get("device_tokens")]
+    if not rows:
+        return []
+    lines = ["", "## KV pools", "", "| host | GPU KV (tokens/rank) | host pool (tokens/rank) | against the baseline |",
+             "|---|---|---|---|"]
+    for row in rows:
+        pools = row["pools"]
+        host = pools.get("host_tokens")
+        expected = pools.get("host_expected")
+        host_text = "–" if host is None else f"{int(host):,}"
+        if host is not None and isinstance(expected, list) and len(expected) == 2:
+            low, high = expected
+            host_text += f" (plan {int(low):,})" if low == high else f" (plan {int(low):,}–{int(high):,})"
+        cost = pools.get("hicache_cost") or {}
+        if cost:
+            kind = "with HiCache" if cost.get("baseline_hicache") else "without HiCache"
+            against = (f"{float(cost['change_pct']):+.1f} % vs {int(cost['baseline_device_tokens']):,} "
+                       f"({kind})")
+        else:
+            against = "–"
+        device = f"{int(pools['device_tokens']):,}"
+        lines.append(f"| {md(row['host'], True)} | {device} | {host_text} | {against} |")
+    return lines
 
 
 def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: list[str] | None = None) -> str:
@@ -140,6 +169,7 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
                 lines.append(f"- **{md(row['host'])}**: {md(reason)}")
             if row["note"]:
                 lines.append(f"- **{md(row['host'])}**: {md(row['note'])}")
+    lines += pool_lines(rows)
     moves = [row for row in rows if row["router"]]
     if moves:
         lines += ["", "## Router rotation", ""]

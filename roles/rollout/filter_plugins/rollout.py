@@ -50,8 +50,17 @@ def rollout_gate_summary(result: dict[str, Any]) -> dict[str, Any]:
             "cold": _case(result.get("cold")),
             "warm": {tier: _case(case) for tier, case in warm.items()},
             "gate": result.get("gate") or {},
+            "pools": _pools(result.get("pools")),
         },
     }
+
+
+_POOL_KEYS = ("device_tokens", "kvcache_gb", "host_tokens", "host_expected", "hicache_cost", "note")
+
+
+def _pools(pools: Any) -> dict[str, Any]:
+    """The pools the probe checked after start (module_utils/sglang_pool_plan.py, issue 25 item 2)."""
+    return {key: pools[key] for key in _POOL_KEYS if key in pools} if isinstance(pools, dict) else {}
 
 
 def rollout_gate_reasons(result: dict[str, Any]) -> list[str]:

@@ -1,0 +1,85 @@
+"""Issue 25 item 3: preflight refuses a HiCache host pool that cannot hold the probe's prefix plus the
+filler its host tier pushes through it (one device pool; module_utils/sglang_probe_measure.py
+filler_lengths), before any change. The demo inventory's config passes; a too-small --hicache-size is
+refused, naming the variables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from plugins import load
+
+ROOT = Path(__file__).resolve().parents[2]
+pf = load("roles/preflight/filter_plugins/preflight.py", "preflight_filters")
+host_tokens = load("module_utils/sglang_pool_plan.py", "sglang_pool_plan").host_tokens
+TABLE = json.loads((ROOT / "roles/preflight/files/sglang-flags.json").read_text())
+DEMO = yaml.safe_load((ROOT / "inventories/demo/group_vars/sglang_hosts/demo.yml").read_text())
+
+
+def _plan(hicache_args):
+    args = {"--model-path": "/m", "--tp-size": 2, "--context-length": 196608, "--port": 30004,
+            "--host": "127.0.0.1", **hicache_args}
+    entry = {"name": "main", "unit": "sglang-main.service", "port": 30004, "bind": "127.0.0.1",
+             "profile": "seed-validated", "profile_known": True, "profile_hicache_flags": [], "hicache": True,
+             "api_key_set": False, "args": args}
+    entry["argv"] = [str(w) for k, v in args.items() for w in ([k] if v is True else [k, v])]
+    return entry
+
+
+def _settings(**probe):
+    base = {"rollout_probe_input_len_canary": DEMO["rollout_probe_input_len_canary"],
+            "rollout_probe_input_len": DEMO["rollout_probe_input_len"], "output_len": 512,
+            "device_tokens": DEMO["preflight_probe_device_tokens"],
+            "kv_bytes_per_token": DEMO["preflight_kv_bytes_per_token"]}
+    base.update(probe)
+    return {"profiles": ["seed-validated"], "draft_free_algorithms": [], "environment": {}, "gpus": None,
+            "probe": base}
+
+
+def test_the_demo_config_passes():
+    assert pf.service_findings([_plan(DEMO["sglang_service_hicache_args"])], [], TABLE, _settings()) == []
+
+
+def test_a_too_small_hicache_size_is_refused_naming_the_variables():
+    args = {**DEMO["sglang_service_hicache_args"], "--hicache-size": 6}
+    found = pf.service_findings([_plan(args)], [], TABLE, _settings())
+    assert len(found) == 2  # the canary's 64K and the 32K probe: 6 GB hold 183,106 tokens
+    canary = found[0]
+    assert "holds 183106 tokens per rank" in canary
+    assert "needs 223692: rollout_probe_input_len_canary 64000 + 159692 filler tokens" in canary
+    assert "preflight_probe_device_tokens 159692" in canary
+    assert "preflight_kv_bytes_per_token 32768" in canary
+    assert "Raise '--hicache-size' in sglang_service_hicache_args or lower rollout_probe_input_len_canary" in canary
+    assert "rollout_probe_input_len 32000 + 159692" in found[1]
+
+
+def test_ratio_pools_and_the_rule_switched_off():
+    ratio = {"--enable-hierarchical-cache": True, "--hicache-ratio": "1.2"}
+    found = pf.probe_pool_findings([_plan(ratio)], _settings()["probe"])
+    assert "holds 191631 tokens per rank" in found[0]  # int(159692 x 1.2) + 1
+    assert pf.probe_pool_findings([_plan(ratio)], _settings(device_tokens=0)["probe"]) == []
+    assert pf.probe_pool_findings([_plan(ratio)], _settings(kv_bytes_per_token=0)["probe"]) == []
+    off = _plan({"--hicache-size": 1})
+    off["hicache"] = False
+    assert pf.probe_pool_findings([off], _settings()["probe"]) == []
+
+
+POOLS = [({"--hicache-size": 8}, 1), ({"--hicache-size": 3, "--page-size": 64}, 64),
+         ({"--hicache-ratio": "2.0"}, 1), ({"--hicache-ratio": "1.5", "--page-size": 16}, 16)]
+
+
+@pytest.mark.parametrize(("args", "page"), POOLS)
+def test_preflight_sizes_the_pool_as_the_pool_plan_does(args, page):
+    """One arithmetic: preflight's copy against module_utils/sglang_pool_plan.py host_tokens."""
+    ratio = float(args["--hicache-ratio"]) if "--hicache-ratio" in args else None
+    assert pf.probe_host_pool_tokens(args, 32768, 159692) == host_tokens(
+        32768, 159692, page, args.get("--hicache-size", 0), ratio)
+
+
+def test_the_service_task_passes_both_variables():
+    task = (ROOT / "roles/preflight/tasks/service.yml").read_text()
+    assert 'device_tokens: "{{ preflight_probe_device_tokens }}"' in task
+    assert 'kv_bytes_per_token: "{{ preflight_kv_bytes_per_token }}"' in task
