@@ -408,3 +408,32 @@ def test_rollout_parity_settings_are_range_checked_before_the_rollout():
     assert probe_task["sglang_cache_probe"]["parity_tokens"] == "{{ rollout_probe_parity_tokens }}"
     assert probe_task["sglang_cache_probe"]["parity_logprob_tolerance"] == \
         "{{ rollout_probe_parity_logprob_tolerance }}"
+
+
+def test_rollout_md_shows_each_hosts_parity_line_escaped(tmp_path):
+    from pathlib import Path
+
+    from plugins import load
+
+    repo = Path(__file__).resolve().parents[2]
+    fleet_report = load(repo / "roles/rollout/files/fleet_report.py", "fleet_report_parity")
+    rollout = load(repo / "roles/rollout/filter_plugins/rollout.py", "rollout_filters_parity")
+    line = "parity: 8 tokens equal (device tier, host tier)"
+    # the validation record keeps the probe's gate, and with it gate.parity
+    kept = rollout.rollout_gate_summary({"item": {"name": "main"}, "gate": {"passed": True, "parity": line}})
+    assert kept["probe"]["gate"]["parity"] == line
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1", "inventory": "inventories/demo"}))
+    probe = {"cold": {"median_ttft_ms": 1000}, "warm": {}, "gate": kept["probe"]["gate"]}
+    records = [{"host": "demo-1", "verdict": "passed", "config_hash": "a" * 64, "probe": probe, "order": 0},
+               {"host": "demo-2", "verdict": "passed", "config_hash": "a" * 64, "order": 1,
+                "probe": {**probe, "gate": {"passed": True, "parity": "parity: *x* <b>"}}},
+               {"host": "demo-3", "verdict": "passed", "config_hash": "a" * 64, "order": 2,
+                "probe": {**probe, "gate": {"passed": True}}}]
+    for record in records:
+        (tmp_path / "hosts" / f"{record['host']}.json").write_text(json.dumps(record))
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    section = (tmp_path / "rollout.md").read_text().split("## Answer parity")[1]
+    assert f"- **demo-1**: {line}" in section
+    assert "- **demo-2**: parity: \\*x\\* \\<b>" in section  # Markdown in a recorded text is escaped
+    assert "demo-3" not in section  # a record from before parity: no line
