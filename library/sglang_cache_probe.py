@@ -12,8 +12,9 @@ description:
   - >-
     Measures what the field report's A/B method measures, on a live SGLang server through the native
     C(/generate) API with streaming. A cold request (after C(POST /flush_cache)) of exactly
-    O(input_len) seeded random token ids, then warm re-sends of the same ids; says whether the host
-    passes.
+    O(input_len) seeded random token ids (a random block repeated), then warm re-sends of the same
+    ids; says whether the host passes: fast warm reads, the tokens reported as cached, and the same
+    greedy answer as the cold read (O(parity_tokens)).
   - >-
     Each round (medians over O(repeats) rounds) flushes the server cache (retried while the server is
     busy, until O(flush_timeout)) and sends the cold request with O(cold_output_len) output tokens.
@@ -65,7 +66,9 @@ options:
     type: int
     default: 16
   seed:
-    description: Seed of the random token ids; cold and warm requests use the same ids.
+    description:
+      - Seed of the random token ids; cold and warm requests use the same ids.
+      - The prompt is a random block of 256 ids repeated to O(input_len) (see O(parity_tokens)).
     type: int
     default: 42
   repeats:
@@ -73,7 +76,7 @@ options:
     type: int
     default: 3
   temperature:
-    description: Sampling temperature of every request.
+    description: Sampling temperature of every request; must be 0 while O(parity_tokens) is not 0.
     type: float
     default: 0.0
   tier:
@@ -197,6 +200,37 @@ options:
     description: Seconds to wait for O(lock_path) before failing.
     type: float
     default: 3600
+  parity_tokens:
+    description:
+      - >-
+        Answer parity: the warm answer of each round must equal that round's cold answer over the
+        first N output tokens (ids equal; log-probabilities within O(parity_logprob_tolerance) where
+        the server returns them). Both output lengths are raised to at least N. 0 turns the check off
+        (the result then says C(parity: off)).
+      - >-
+        Both reads are greedy (O(temperature) must be 0). The prompt is a seeded random block of 256
+        ids repeated to O(input_len): a language model copies a block it has already seen, so its
+        next tokens are near-certain and a recomputed and a cached prefix give the same greedy tokens
+        although GPUs are not bit-exact between them. Limits: a model that does not copy (a tiny or
+        broken one), random ids that include special or control tokens, or a block cut short at the
+        end of the prompt can still make a near-tie; a wrong cache that happens to yield the copied
+        tokens passes. The requests ask C(return_logprob) without C(logprob_start_len), so no prompt
+        logprobs are computed and the cached prefix is not shortened.
+      - >-
+        A server that returns output ids but no C(meta_info.output_token_logprobs) is compared by ids
+        only (the result says so). One that returns no output ids, or fewer than N, fails the check as
+        not checkable: never a silent pass.
+    type: int
+    default: 8
+  parity_logprob_tolerance:
+    description:
+      - >-
+        Largest absolute difference, in nats, between the cold and the warm log-probability of the
+        same chosen token. On the repeated-block prompt the copied tokens have log-probabilities near
+        0; reduced-precision kernels (bf16, split-K reductions) move them by hundredths between a
+        recomputed and a cached prefix, while a wrong cache drops them by whole nats. 0.5 sits between.
+    type: float
+    default: 0.5
 attributes:
   check_mode:
     description: Sends no request, returns the plan and predicts C(changed) (true when O(report_path) is set).
@@ -345,6 +379,15 @@ gate:
         With O(baseline): its source, its input_len, the scale applied to its cold TTFT, the
         figures compared (ms, at this run's input_len) and a note on what could not be compared.
       type: dict
+parity:
+  description: >-
+    Answer parity per warm tier (the round shown is the first that diverged, else the first not
+    checkable, else round 1): status (equal, diverged, not_checkable), position (first diverging
+    output token, from 0), cause (token or logprob), the cold and warm ids and logprobs compared,
+    logprobs_compared, max_logprob_diff, note. enabled is false when O(parity_tokens) is 0.
+    C(gate.parity) is the same in one line, e.g. C(parity: 8 tokens equal (device tier, host tier)).
+  returned: success or gate failure
+  type: dict
 report_path:
   description: Where the JSON record was written.
   returned: when report_path is set
@@ -367,7 +410,13 @@ from ansible.module_utils.sglang_probe_measure import (
     tiers_of,
     validate_params,
 )
-from ansible.module_utils.sglang_probe_report import ProgressLog, build_report, summary_line, write_report
+from ansible.module_utils.sglang_probe_report import (
+    ProgressLog,
+    build_report,
+    parity_line,
+    summary_line,
+    write_report,
+)
 
 
 def main():
@@ -405,6 +454,7 @@ def main():
         if isinstance(result.get("pools"), dict):
             result["pools"]["hicache_cost"] = hicache_cost(result["pools"], baseline)
         result["gate"] = evaluate_gate(result, p, baseline)
+        result["gate"]["parity"] = parity_line(result.get("parity"))
         if writes_report:
             write_report(p["report_path"], build_report(result, p))
             result["report_path"] = p["report_path"]

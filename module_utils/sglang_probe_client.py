@@ -7,6 +7,7 @@ from __future__ import annotations
 import array
 import http.client
 import json
+import math
 import random
 import re
 import socket
@@ -78,9 +79,27 @@ def generate_ids(n: int, vocab_size: int, seed: Any) -> list[int]:
     return [w % vocab_size for w in words]
 
 
-def generate_body(ids: list[int], max_new_tokens: int, temperature: float) -> bytes:
-    """The native /generate request, streamed, with an exact output length."""
-    payload = {
+def repeated_block_ids(n: int, vocab_size: int, seed: Any, block_len: int) -> list[int]:
+    """n ids: one seeded random block of block_len ids, repeated (the last copy cut short).
+
+    After a block has been seen once, a language model copies it: its next tokens on such a prompt
+    are near-certain, so a greedy answer is the same on a recomputed and a cached prefix even where
+    the floats are not bit-exact (the answer-parity check relies on that). block_len 0: no
+    repetition, n random ids."""
+    if block_len < 1 or block_len >= n:
+        return generate_ids(n, vocab_size, seed)
+    block = generate_ids(block_len, vocab_size, seed)
+    whole, rest = divmod(n, block_len)
+    return block * whole + block[:rest]
+
+
+def generate_body(ids: list[int], max_new_tokens: int, temperature: float, return_logprob: bool = False) -> bytes:
+    """The native /generate request, streamed, with an exact output length.
+
+    return_logprob: ask for meta_info.output_token_logprobs too. logprob_start_len is left unset (-1):
+    SGLang then computes no prompt logprobs, so the cached prefix is not shortened (a
+    logprob_start_len inside the prompt would cap the prefix match at it)."""
+    payload: dict[str, Any] = {
         "input_ids": ids,
         "sampling_params": {
             "max_new_tokens": max_new_tokens,
@@ -89,7 +108,51 @@ def generate_body(ids: list[int], max_new_tokens: int, temperature: float) -> by
         },
         "stream": True,
     }
+    if return_logprob:
+        payload["return_logprob"] = True
     return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def accumulate_output(acc: dict, event: dict) -> None:
+    """Add one streamed event's output token ids and logprobs to acc ({"ids": [...], "logprobs":
+    [...]}; a key set to None once that output cannot be trusted or is absent).
+
+    SGLang streams either the whole output so far (the default) or only the new part
+    (--incremental-streaming-output; meta_info.output_token_logprobs is then sliced the same way):
+    meta_info.completion_tokens tells which; anything else (ids that rewrite earlier ones, a count that
+    matches neither) leaves nothing to compare. Logprob entries are [logprob, token_id, text-or-None]."""
+    meta = event.get("meta_info") if isinstance(event.get("meta_info"), dict) else {}
+    total = meta.get("completion_tokens")
+    for key, part in (("ids", event.get("output_ids")), ("logprobs", meta.get("output_token_logprobs"))):
+        have = acc.get(key)
+        if have is None:
+            continue
+        if not isinstance(part, list) or not _whole(total):
+            acc[key] = None  # absent, or a shape the probe does not know: nothing to compare
+            continue
+        if key == "ids":
+            if not all(_whole(x) for x in part):
+                acc[key] = None
+                continue
+            values = list(part)
+        else:
+            values = []
+            for entry in part:
+                value = entry[0] if isinstance(entry, (list, tuple)) and entry else None
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                values.append(float(value) if ok else None)
+        # The whole output so far: as many values as tokens generated, or more (SGLang passes a reference
+        # to the growing list on intermediate chunks), starting with what came before.
+        if len(values) >= total and values[:len(have)] == have:
+            acc[key] = values
+        elif len(have) + len(values) == total:
+            have.extend(values)
+        else:
+            acc[key] = None
 
 
 def parse_sse_line(line: bytes) -> Any:
@@ -417,6 +480,7 @@ class SGLangClient:
         done = False
         cut: str | None = None
         t_last = None
+        output: dict = {"ids": [], "logprobs": []}
         try:
             self.requests_sent += 1
             try:
@@ -482,6 +546,7 @@ class SGLangClient:
                     meta = event.get("meta_info")
                     if isinstance(meta, dict):
                         last_meta = meta
+                    accumulate_output(output, event)
                     if ttft is None and event_has_output(event):
                         ttft = now - t0
         finally:
@@ -515,6 +580,9 @@ class SGLangClient:
             "host_cached_tokens": split["host"],
             "storage_cached_tokens": split["storage"],
             "meta_info": meta,
+            # the answer, for the answer-parity check (None: the server did not send it)
+            "output_ids": output["ids"],
+            "output_logprobs": output["logprobs"],
         }
 
 

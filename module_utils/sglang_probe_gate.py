@@ -172,9 +172,144 @@ def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
                   f"({_duration(base_ms)}{scaled}); the limit is {_duration(limit)} (max_regression "
                   f"{regression:g}, regression_slack_ms {slack:g})")
 
+    checks.extend(parity_checks(result.get("parity")))
     checks.extend(pool_gate_checks(result))  # issue 25 item 2 (module_utils/sglang_pool_plan.py)
     reasons = [c["reason"] for c in checks if not c["passed"]]
     gate = {"enabled": bool(p.get("gate", True)), "passed": not reasons, "reasons": reasons, "checks": checks}
     if compared is not None:
         gate["baseline"] = compared
     return gate
+
+
+# ---------------------------------------------------------------------------------------------------
+# Answer parity: the warm read must answer what the cold read answered (kept apart from the
+# thresholds above). Both reads are greedy; the prompt is a random block repeated, which a language
+# model copies, so its next tokens are near-certain and a recomputed and a cached prefix give the same
+# greedy tokens although GPUs are not bit-exact between them. Log-probabilities are compared within a
+# tolerance, never as exact floats.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _numbers(values: Any, n: int, kind: type) -> list | None:
+    if not isinstance(values, list):
+        return None
+    out = []
+    for value in values[:n]:
+        if value is None and kind is float:
+            out.append(None)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(round(float(value), 4) if kind is float else int(value))
+        else:
+            return None
+    return out
+
+
+def compare_outputs(cold_ids: Any, cold_logprobs: Any, warm_ids: Any, warm_logprobs: Any, tokens: int,
+                    tolerance: float, tier: str) -> dict:
+    """The warm answer against the cold one over the first `tokens` output tokens.
+
+    status: equal (every id equal, and every logprob both reads returned within tolerance),
+    diverged (position: the first output token, counted from 0, where the ids differ or the logprobs
+    differ by more than tolerance), or not_checkable (a read returned no ids, or fewer than `tokens`
+    while the ids it did return agree). Logprobs are compared only where both reads returned them;
+    logprobs_compared says whether they were."""
+    cold = _numbers(cold_ids, tokens, int)
+    warm = _numbers(warm_ids, tokens, int)
+    cold_lp = _numbers(cold_logprobs, tokens, float)
+    warm_lp = _numbers(warm_logprobs, tokens, float)
+    out: dict = {"tier": tier, "tokens": tokens, "tolerance": tolerance, "status": "equal", "position": None,
+                 "cause": None, "cold": {"ids": cold, "logprobs": cold_lp},
+                 "warm": {"ids": warm, "logprobs": warm_lp}, "logprobs_compared": False,
+                 "max_logprob_diff": None, "note": None}
+    if cold is None or warm is None:
+        which = "cold and warm" if cold is None and warm is None else ("cold" if cold is None else "warm")
+        out.update(status="not_checkable", note=f"the {which} read returned no output token ids (output_ids)")
+        return out
+    for k, (a, b) in enumerate(zip(cold, warm, strict=False)):
+        if a != b:
+            out.update(status="diverged", position=k, cause="token")
+            return out
+    both = (cold_lp is not None and warm_lp is not None)
+    diffs = []
+    if both:
+        for k, (a, b) in enumerate(zip(cold_lp, warm_lp, strict=False)):
+            if a is None or b is None:
+                continue
+            diff = abs(a - b)
+            diffs.append(diff)
+            if diff > tolerance:
+                out.update(status="diverged", position=k, cause="logprob", logprobs_compared=True,
+                           max_logprob_diff=round(max(diffs), 4))
+                return out
+    out["logprobs_compared"] = bool(diffs)
+    out["max_logprob_diff"] = round(max(diffs), 4) if diffs else None
+    if not diffs:
+        out["note"] = "ids only: the server returned no output_token_logprobs"
+    shortest = min(len(cold), len(warm))
+    if shortest < tokens:
+        which = "cold" if len(cold) < tokens else "warm"
+        out.update(status="not_checkable",
+                   note=f"the {which} read returned {shortest} of the {tokens} output tokens compared")
+    return out
+
+
+def summarize_parity(comparisons: dict, tokens: int, tolerance: float) -> dict:
+    """Per tier, the comparison of every round folded into one: the first diverging round, else the
+    first not checkable one, else equal (with the largest logprob difference seen)."""
+    if tokens <= 0:
+        return {"enabled": False, "tokens": 0, "tolerance": tolerance, "tiers": {}}
+    tiers = {}
+    for tier, rounds in comparisons.items():
+        if not rounds:
+            continue
+        order = {"diverged": 0, "not_checkable": 1, "equal": 2}
+        index = min(range(len(rounds)), key=lambda i: (order[rounds[i]["status"]], i))
+        pick = rounds[index]
+        summary = dict(pick)
+        summary["round"] = index + 1
+        summary["rounds"] = len(rounds)
+        diffs = [c["max_logprob_diff"] for c in rounds if c.get("max_logprob_diff") is not None]
+        if pick["status"] == "equal":
+            summary["max_logprob_diff"] = max(diffs) if diffs else None
+            summary["logprobs_compared"] = all(c["logprobs_compared"] for c in rounds)
+        tiers[tier] = summary
+    return {"enabled": True, "tokens": tokens, "tolerance": tolerance, "tiers": tiers}
+
+
+def _run(values: list | None) -> str:
+    if values is None:
+        return "none"
+    return "[" + ", ".join("–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+                           for v in values) + "]"
+
+
+def parity_reason(summary: dict) -> str | None:
+    """The sentence of a failed parity check of one tier (None when it passed)."""
+    tier, tokens, rnd = summary["tier"], summary["tokens"], summary.get("round", 1)
+    if summary["status"] == "equal":
+        return None
+    if summary["status"] == "not_checkable":
+        return (f"warm ({tier}) answer parity over {tokens} tokens could not be checked in round {rnd}: "
+                f"{summary['note']}; set parity_tokens 0 (rollout_probe_parity_tokens: 0) to probe without it")
+    k = summary["position"]
+    cold, warm = summary["cold"], summary["warm"]
+    if summary["cause"] == "token":
+        return (f"warm ({tier}) answer differs from the cold one at output token {k} (round {rnd}, temperature 0): "
+                f"cold ids {_run(cold['ids'])}, warm ids {_run(warm['ids'])}")
+    a, b = cold["logprobs"][k], warm["logprobs"][k]
+    return (f"warm ({tier}) logprob of output token {k} differs from the cold one by {abs(a - b):.3f} > "
+            f"parity_logprob_tolerance {summary['tolerance']:g} (round {rnd}; same ids {_run(cold['ids'])}): "
+            f"cold logprobs {_run(cold['logprobs'])}, warm logprobs {_run(warm['logprobs'])}")
+
+
+def parity_checks(parity: dict | None) -> list[dict]:
+    """The gate's checks of answer parity, one per warm tier (none when parity is off)."""
+    if not parity or not parity.get("enabled"):
+        return []
+    checks = []
+    for tier, summary in parity["tiers"].items():
+        reason = parity_reason(summary)
+        value = summary["status"] if summary["position"] is None else f"{summary['status']} at {summary['position']}"
+        checks.append({"name": f"{tier}.parity", "passed": reason is None, "value": value,
+                       "limit": parity["tokens"], "reason": reason})
+    return checks

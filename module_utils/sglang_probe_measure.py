@@ -20,13 +20,18 @@ from ansible.module_utils.sglang_probe_client import (
     flush_cache,
     generate_body,
     generate_ids,
+    repeated_block_ids,
     safe_text,
     wait_until_healthy,
 )
+from ansible.module_utils.sglang_probe_gate import compare_outputs, summarize_parity
 
 DEFAULT_VOCAB_SIZE = 32000
 TIERS = ("device", "host")
 MAX_FILLERS = 512
+# The probe prompt is one seeded random block of this many ids, repeated to input_len: a language
+# model copies a block it has seen, so its greedy next tokens are near-certain (answer parity).
+PROMPT_BLOCK_LEN = 256
 
 
 def median(values: list) -> float | None:
@@ -68,6 +73,8 @@ ARGUMENT_SPEC = {
     "progress_path": {"type": "path"},
     "lock_path": {"type": "path"},
     "lock_timeout": {"type": "float", "default": 3600.0},
+    "parity_tokens": {"type": "int", "default": 8, "no_log": False},  # a count of output tokens, no secret
+    "parity_logprob_tolerance": {"type": "float", "default": 0.5},
 }
 
 
@@ -101,7 +108,47 @@ def validate_params(p: dict) -> list[str]:
         errors.append(f"max_regression must be >= 0 (got {p['max_regression']}).")
     if p.get("regression_slack_ms") is not None and p["regression_slack_ms"] < 0:
         errors.append(f"regression_slack_ms must be >= 0 (got {p['regression_slack_ms']}).")
+    errors.extend(validate_parity_params(p))
     return errors
+
+
+def validate_parity_params(p: dict) -> list[str]:
+    """The answer-parity options (kept apart from the other checks)."""
+    errors = []
+    tokens = p.get("parity_tokens")
+    if tokens is not None and not 0 <= tokens <= 4096:
+        errors.append(f"parity_tokens must be between 0 and 4096 (got {tokens}); 0 turns the answer-parity "
+                      "check off, e.g. 8 compares the first 8 output tokens of the warm and the cold read.")
+    tolerance = p.get("parity_logprob_tolerance")
+    if tolerance is not None and not (tolerance >= 0 and math.isfinite(tolerance)):
+        errors.append(f"parity_logprob_tolerance must be a number >= 0 in nats (got {tolerance}), e.g. 0.5.")
+    if tokens and p.get("temperature"):
+        errors.append(f"temperature must be 0 while parity_tokens is {tokens} (got {p['temperature']:g}): "
+                      "sampled answers differ between reads. Set temperature 0, or parity_tokens 0.")
+    return errors
+
+
+def parity_output_lens(p: dict) -> tuple[int, int]:
+    """(cold, warm) output lengths: each at least parity_tokens."""
+    tokens = p.get("parity_tokens") or 0
+    return max(p["cold_output_len"], tokens), max(p["warm_output_len"], tokens)
+
+
+def parity_comparisons(rounds: list[dict], tiers: list[str], p: dict) -> dict:
+    """Each round's warm answer per tier against that round's cold answer (compare_outputs)."""
+    tokens = p.get("parity_tokens") or 0
+    if tokens <= 0:
+        return summarize_parity({}, 0, p.get("parity_logprob_tolerance"))
+    tolerance = float(p.get("parity_logprob_tolerance") or 0.0)
+    compared = {tier: [] for tier in tiers}
+    for runs in rounds:
+        cold = runs["cold"]
+        for tier in tiers:
+            warm = runs[tier]
+            compared[tier].append(compare_outputs(cold.get("output_ids"), cold.get("output_logprobs"),
+                                                  warm.get("output_ids"), warm.get("output_logprobs"),
+                                                  tokens, tolerance, tier))
+    return summarize_parity(compared, tokens, tolerance)
 
 
 def tiers_of(tier: str) -> list[str]:
@@ -140,19 +187,23 @@ def plan_steps(p: dict) -> list[str]:
     ]
     rnd = [
         f"POST /flush_cache (retried up to {p['flush_timeout']:g} s while busy)",
-        f"cold: POST /generate {p['input_len']} ids (seed {p['seed']}) -> {p['cold_output_len']} tokens",
+        f"cold: POST /generate {p['input_len']} ids (a random block of {PROMPT_BLOCK_LEN}, seed {p['seed']}, "
+        f"repeated) -> {parity_output_lens(p)[0]} tokens",
     ]
     tiers = tiers_of(p["tier"])
     if "device" in tiers:
-        rnd.append(f"warm device: the same {p['input_len']} ids -> {p['warm_output_len']} tokens")
+        rnd.append(f"warm device: the same {p['input_len']} ids -> {parity_output_lens(p)[1]} tokens")
     if "host" in tiers:
         rnd.append(
             f"fillers: {p['filler_factor']:g} x the device KV capacity (max_total_num_tokens) in "
             "requests of other random ids -> 1 token each"
         )
-        rnd.append(f"warm host: the same {p['input_len']} ids -> {p['warm_output_len']} tokens")
+        rnd.append(f"warm host: the same {p['input_len']} ids -> {parity_output_lens(p)[1]} tokens")
     for i in range(p["repeats"]):
         steps.extend(f"round {i + 1}: {s}" for s in rnd)
+    if p.get("parity_tokens"):
+        steps.append(f"compare each warm answer with its round's cold one over {p['parity_tokens']} tokens "
+                     f"(ids equal, logprobs within {p.get('parity_logprob_tolerance')})")
     if p.get("report_path"):
         steps.append(f"write the JSON record to {p['report_path']}")
     return steps
@@ -358,9 +409,11 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
         result["fillers"] = {"count": len(fillers), "tokens": fillers, "total_tokens": sum(fillers),
                              "device_capacity_tokens": facts.get("max_total_num_tokens")}
 
-    ids = generate_ids(p["input_len"], vocab, p["seed"])
-    cold_body = generate_body(ids, p["cold_output_len"], p["temperature"])
-    warm_body = generate_body(ids, p["warm_output_len"], p["temperature"])
+    ids = repeated_block_ids(p["input_len"], vocab, p["seed"], PROMPT_BLOCK_LEN)
+    cold_len, warm_len = parity_output_lens(p)
+    logprobs = bool(p.get("parity_tokens"))
+    cold_body = generate_body(ids, cold_len, p["temperature"], return_logprob=logprobs)
+    warm_body = generate_body(ids, warm_len, p["temperature"], return_logprob=logprobs)
     del ids
 
     def timed(body: bytes) -> dict:
@@ -369,6 +422,7 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
         except MissingAccounting:
             raise ProbeError(missing_accounting_message(client, facts)) from None
 
+    rounds: list[dict] = []
     cold_runs: list[dict] = []
     warm_runs: dict[str, list[dict]] = {t: [] for t in tiers}
     for i in range(p["repeats"]):
@@ -384,9 +438,11 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
         cold_runs.append(runs["cold"])
         for tier in tiers:
             warm_runs[tier].append(runs[tier])
+        rounds.append(runs)
         on_round(i + 1, p["repeats"], runs)
-    result["cold"] = summarize_case(cold_runs, p["input_len"], p["cold_output_len"])
-    result["warm"] = {t: summarize_case(warm_runs[t], p["input_len"], p["warm_output_len"]) for t in tiers}
+    result["cold"] = summarize_case(cold_runs, p["input_len"], cold_len)
+    result["warm"] = {t: summarize_case(warm_runs[t], p["input_len"], warm_len) for t in tiers}
+    result["parity"] = parity_comparisons(rounds, tiers, p)
     add_warm_ratios(result["warm"], result["cold"])
     result["requests_sent"] = client.requests_sent
     return result

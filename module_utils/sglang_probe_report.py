@@ -16,12 +16,13 @@ def build_report(result: dict, p: dict) -> dict:
     settings = {k: p.get(k) for k in (
         "url", "input_len", "cold_output_len", "warm_output_len", "seed", "repeats", "temperature",
         "tier", "filler_factor", "max_warm_ttft_s", "max_warm_cold_ratio", "min_cached_fraction",
-        "min_host_cached_fraction", "max_regression", "regression_slack_ms", "gate")}
+        "min_host_cached_fraction", "max_regression", "regression_slack_ms", "gate", "parity_tokens",
+        "parity_logprob_tolerance")}
     return {
         "tool": "sglang_cache_probe",
         "backend": "sglang",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "dataset_name": "random-ids",
+        "dataset_name": "random-ids-repeated-block",
         "random_input_len": p["input_len"],
         "seed": p["seed"],
         "max_concurrency": 1,
@@ -31,8 +32,37 @@ def build_report(result: dict, p: dict) -> dict:
         "warm": result.get("warm"),
         "fillers": result.get("fillers"),
         "gate": result.get("gate"),
+        "parity": result.get("parity"),
         "pools": result.get("pools"),
     }
+
+
+def parity_line(parity: dict | None) -> str | None:
+    """Answer parity in one line, e.g. `parity: 8 tokens equal (device tier, host tier)`; None when
+    the probe did not get that far. Only numbers and fixed words: nothing the server sent as text."""
+    if not isinstance(parity, dict):
+        return None
+    if not parity.get("enabled"):
+        return "parity: off (parity_tokens 0: the answers were not compared)"
+    tiers = parity.get("tiers") or {}
+    tokens = int(parity.get("tokens") or 0)
+    parts = []
+    for status in ("diverged", "not_checkable", "equal"):
+        names = [t for t, s in tiers.items() if s.get("status") == status]
+        if not names:
+            continue
+        named = ", ".join(f"{t} tier" for t in names)
+        if status == "equal":
+            only = [t for t in names if not tiers[t].get("logprobs_compared")]
+            note = "; ids only, the server returned no logprobs" if only else ""
+            parts.append(f"{tokens} tokens equal ({named}{note})")
+        elif status == "not_checkable":
+            parts.append(f"not checkable ({named})")
+        else:
+            where = ", ".join(f"{t} tier at token {int(tiers[t]['position'])} ({tiers[t].get('cause')})"
+                              for t in names)
+            parts.append(f"DIFFERS ({where})")
+    return "parity: " + ("; ".join(parts) if parts else "no warm read compared")
 
 
 def summary_line(result: dict) -> str:
@@ -45,6 +75,9 @@ def summary_line(result: dict) -> str:
             parts.append(f"warm {tier} TTFT {case['median_ttft_ms']:.1f} ms "
                          f"(ratio {case.get('warm_cold_ratio')}, cached {case.get('median_cached_tokens')}, "
                          f"host {case.get('median_host_cached_tokens')})")
+    line = parity_line(result.get("parity"))
+    if line:
+        parts.append(line)
     gate = result.get("gate") or {}
     if gate:
         verdict = "passed" if gate.get("passed") else "FAILED: " + "; ".join(gate.get("reasons", []))

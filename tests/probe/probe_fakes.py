@@ -35,6 +35,10 @@ class FakeState:
         s_per_token: float = 0.0002,
         busy_flushes: int = 0,
         error_body: str = "Internal Server Error: HIP out of memory while allocating the KV pool",
+        logprobs: bool = False,
+        warm_diverge_at: int | None = None,
+        warm_logprob_shift: float = 0.0,
+        incremental: bool = False,
     ) -> None:
         self.faults = set(faults)
         self.capacity = capacity
@@ -46,6 +50,15 @@ class FakeState:
         self.s_per_token = s_per_token
         self.busy_flushes = busy_flushes
         self.error_body = error_body
+        # The answer (faults "no_output_ids"): ids from the prompt's last ids, the same for the same
+        # prompt, like a greedy model's. logprobs: meta_info.output_token_logprobs as SGLang 0.5.23
+        # ([logprob, id, None]) when the request asks return_logprob. A read of a cached prompt answers
+        # another id from warm_diverge_at on, or logprobs shifted by warm_logprob_shift.
+        # incremental: stream only the new ids (--incremental-streaming-output).
+        self.logprobs = logprobs
+        self.warm_diverge_at = warm_diverge_at
+        self.warm_logprob_shift = warm_logprob_shift
+        self.incremental = incremental
         self.requests: list[tuple[str, str]] = []
         self.generate_bodies: list[dict] = []
         self.device: collections.OrderedDict[tuple, int] = collections.OrderedDict()
@@ -161,7 +174,10 @@ class Handler(BaseHTTPRequestHandler):
         st = self.state
         st.generate_bodies.append({"n": len(req.get("input_ids") or []),
                                    "sampling_params": req.get("sampling_params"),
-                                   "stream": req.get("stream")})
+                                   "stream": req.get("stream"),
+                                   "return_logprob": req.get("return_logprob"),
+                                   "logprob_start_len": req.get("logprob_start_len"),
+                                   "head": list((req.get("input_ids") or [])[:1024])})
         if "gen_500" in st.faults:
             self._send(500, st.error_body.encode())
             return
@@ -175,6 +191,13 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        base = sum(ids[-64:])
+        answer = [(base + 31 * i) % 1000 for i in range(out)]
+        logprobs = [-0.01 * (i + 1) for i in range(out)]
+        if cached and st.warm_diverge_at is not None and st.warm_diverge_at < out:
+            answer[st.warm_diverge_at] = (answer[st.warm_diverge_at] + 1) % 1000
+        if cached:
+            logprobs = [lp - st.warm_logprob_shift for lp in logprobs]
         for i in range(out):
             meta: dict[str, Any] = {
                 "id": "fake", "prompt_tokens": n, "completion_tokens": i + 1,
@@ -184,7 +207,13 @@ class Handler(BaseHTTPRequestHandler):
             if "no_accounting" not in st.faults:
                 meta["cached_tokens"] = cached
                 meta["cached_tokens_details"] = {"device": device, "host": host} if cached else None
-            event = {"text": "tok " * (i + 1), "output_ids": [7] * (i + 1), "meta_info": meta}
+            first = i if st.incremental else 0
+            if st.logprobs and req.get("return_logprob"):
+                meta["output_token_logprobs"] = [[lp, t, None] for lp, t in
+                                                 zip(logprobs[first:i + 1], answer[first:i + 1], strict=True)]
+            event = {"text": "tok " * (i + 1), "output_ids": answer[first:i + 1], "meta_info": meta}
+            if "no_output_ids" in st.faults:
+                del event["output_ids"]
             if "gen_cut" in st.faults and i == 1:
                 # half an event, then the connection dies (no terminating chunk)
                 self.wfile.write(b"40\r\ndata: {\"text\": \"tok")

@@ -109,6 +109,8 @@ PROBE_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "rollout_probe_regression_slack_ms": (0, 600000, False, False),
     "rollout_probe_max_warm_ttft_s": (0, 3600, True, False),
     "rollout_probe_seed": (0, 2**31 - 1, False, True),
+    "rollout_probe_parity_tokens": (0, 4096, False, True),
+    "rollout_probe_parity_logprob_tolerance": (0, 100, False, False),
 }
 # preflight's own knobs: a value outside these switches a check off instead of setting it.
 KNOB_RANGES: dict[str, tuple[float, float, bool, bool]] = {

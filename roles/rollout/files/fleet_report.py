@@ -105,7 +105,18 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "router": list(record.get("router") or []),
         "input_len": probe.get("input_len"),
         "pools": probe.get("pools") or {},
+        "parity": gate.get("parity") if isinstance(gate.get("parity"), str) else None,
     }
+
+
+def parity_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 25 item 1: each probed host's answer parity in one line (the probe's gate.parity, e.g.
+    `parity: 8 tokens equal (device tier, host tier)`), escaped like every recorded text."""
+    rows = [row for row in rows if row.get("parity")]
+    if not rows:
+        return []
+    return ["", "## Answer parity", "",
+            *(f"- **{md(row['host'])}**: {md(row['parity'])}" for row in rows)]
 
 
 def pool_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -145,10 +156,10 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
         f"verdict: **{md(run.get('verdict', '?'))}**",
         "",
         *([f"> {md(run['note'])}", ""] if run.get("note") else []),
-        "Each host was probed like the field report's A/B: a cold read of random token ids after "
-        "flushing the cache, then the same prefix again (for the host tier, after pushing it out of "
-        "GPU memory). A host passes when the warm read is fast and the server reports the tokens as "
-        "cached.",
+        "Each host was probed like the field report's A/B: a cold read of random token ids (a random "
+        "block repeated) after flushing the cache, then the same prefix again (for the host tier, after "
+        "pushing it out of GPU memory). A host passes when the warm read is fast, the server reports the "
+        "tokens as cached and the warm read answers what the cold one did (greedy).",
         "",
         "| host | verdict | cold TTFT | warm TTFT (tier) | warm/cold | speedup | cached | from host RAM | config |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -170,6 +181,7 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
             if row["note"]:
                 lines.append(f"- **{md(row['host'])}**: {md(row['note'])}")
     lines += pool_lines(rows)
+    lines += parity_lines(rows)
     moves = [row for row in rows if row["router"]]
     if moves:
         lines += ["", "## Router rotation", ""]
