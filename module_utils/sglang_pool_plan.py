@@ -358,18 +358,27 @@ def hicache_cost(pools: Mapping[str, Any], baseline: Any) -> dict | None:
 def pool_gate_checks(result: Mapping[str, Any]) -> list[dict]:
     """The gate's checks of the pools (sglang_probe_gate.evaluate_gate adds them)."""
     pools = result.get("pools")
-    if not isinstance(pools, Mapping) or pools.get("host_expected") is None:
+    if not isinstance(pools, Mapping):
         return []
-    failures = list(pools.get("failures") or [])
-    return [
-        {
+    checks = []
+    if pools.get("host_expected") is not None:
+        failures = list(pools.get("failures") or [])
+        checks.append({
             "name": "pools.host_tokens",
             "passed": not failures,
             "value": pools.get("host_tokens"),
             "limit": pools.get("host_expected"),
             "reason": "; ".join(failures) or None,
-        }
-    ]
+        })
+    if pools.get("probe_failures"):
+        checks.append({
+            "name": "pools.probe_fits",
+            "passed": False,
+            "value": pools.get("host_tokens"),
+            "limit": None,
+            "reason": "; ".join(pools["probe_failures"]),
+        })
+    return checks
 
 
 def check_pools(client: Any, server_info: Mapping[str, Any], facts: Mapping[str, Any]) -> dict:

@@ -408,6 +408,20 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
                                  limit if isinstance(limit, int) else None)
         result["fillers"] = {"count": len(fillers), "tokens": fillers, "total_tokens": sum(fillers),
                              "device_capacity_tokens": facts.get("max_total_num_tokens")}
+        # Issue 25 item 3, with the server's own figures: the host pool must hold the prefix and the
+        # fillers that push it out of the device pool, or the host tier cannot be proven (a config that
+        # grew the device pool, e.g. --mem-fraction-static, needs a bigger host pool or a shorter probe).
+        host_pool = result["pools"].get("host_tokens")
+        if isinstance(host_pool, int) and host_pool > 0 and host_pool < p["input_len"] + sum(fillers):
+            result["pools"]["probe_failures"] = [
+                f"the host pool holds {host_pool} tokens per rank, fewer than the probed prefix ({p['input_len']} "
+                f"tokens) plus the fillers that push it out of the device pool ({sum(fillers)} tokens: filler_factor "
+                f"{p['filler_factor']:g} x the {facts.get('max_total_num_tokens')} device tokens the server reports): "
+                "the host tier cannot be proven. Raise --hicache-size (sglang_service_hicache_args), lower "
+                "--mem-fraction-static, or probe a shorter prefix (rollout_probe_input_len, _canary)"
+            ]
+            if p.get("gate", True):
+                return result
 
     ids = repeated_block_ids(p["input_len"], vocab, p["seed"], PROMPT_BLOCK_LEN)
     cold_len, warm_len = parity_output_lens(p)

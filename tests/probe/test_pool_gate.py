@@ -110,3 +110,25 @@ def test_healthy_pools_pass_and_are_recorded_from_metrics(start_sim, ansible_run
     assert pools["host_expected"] == [SEED_LOW, SEED_HIGH]
     assert pools["hicache_cost"]["change_pct"] == -31.5
     assert '"change_pct": -31.5' in report.read_text()
+
+
+@pytest.mark.skipif(not sim_available(), reason="the simulator (sim/sglang_sim) is not in this tree")
+def test_a_bigger_device_pool_that_the_host_pool_cannot_back_fails_before_probing(start_sim, ansible_run):
+    """--mem-fraction-static 0.80 -> 0.95 grows the device pool by 0.15 x 24 GiB / 32 KiB per token (the
+    simulator's GPUs, the seed model's KV bytes per token per rank); a 7 GB host pool then cannot hold
+    the prefix plus the fillers that push it out of that pool: the gate says so, naming the figures and
+    the knobs, before any probe request (instead of a host tier that merely looks slow)."""
+    args = [a if a != "0.80" else "0.95" for a in SEED_ARGS]
+    hicache = [a if a != "12" else "7" for a in HICACHE_ARGS]
+    sim = start_sim(args + hicache)
+    result = ansible_run({"url": sim.url, "input_len": 2000, "cold_output_len": 4, "repeats": 1,
+                          "ready_timeout": 30, "request_timeout": 60, "flush_timeout": 10})
+    device = result["pools"]["device_tokens"]
+    assert device - 159692 == pytest.approx(0.15 * 24 * 2**30 / 32768, abs=1)
+    host = result["pools"]["host_tokens"]
+    assert host == int(7e9 // 32768) + 1
+    assert result.get("failed") is True
+    assert (f"the host pool holds {host} tokens per rank, fewer than the probed prefix (2000 tokens) plus the "
+            f"fillers that push it out of the device pool ({device} tokens") in result["msg"]
+    assert "--mem-fraction-static" in result["msg"]
+    assert "POST /generate" not in sim.log()
