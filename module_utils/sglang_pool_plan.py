@@ -141,6 +141,99 @@ def kv_share(kv_device_bytes: float, other_device_bytes: float) -> float:
     return float(kv_device_bytes) / total if total > 0 else 1.0
 
 
+# --- the Mamba device pool of a hybrid GDN model (qwen3_5 / qwen3_next), as 0.5.23 allocates it -------------
+MAMBA_STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # configs/mamba_utils.py mamba2_state_dtype
+MAMBA_CONV_DTYPE_BYTES = 2  # mamba2_state_dtype: SGLANG_MAMBA_CONV_DTYPE, default bfloat16 (env not visible here)
+MAMBA_RATIO_WITH_RADIX = (2, 5)  # kv_cache_configurator.py _calculate_mamba_ratio: 3 (-1 skip-lock, +0..2 tracking)
+
+
+def _whole_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == float(value) else None
+
+
+def mamba_device_bytes(
+    config: Mapping[str, Any], server_args: Mapping[str, Any], device_tokens: int | None = None
+) -> tuple[int, int, str] | None:
+    """(lowest, highest, how) bytes per rank of the Mamba device pool that _split_hicache_size weighs
+    (``MambaPool.get_kv_size_bytes`` = ``mamba_cache.mem_usage_bytes()``), or None where 0.5.23's figure
+    cannot be worked out from config.json and the server args (then the caller keeps its bound).
+
+    server_args: ServerArgs field names (``/get_server_info`` top level, or the simulator's parsed values).
+    Read off sglang 0.5.23 (site-packages/sglang/srt/):
+
+    * State shapes: ``configs/qwen3_5.py`` / ``configs/qwen3_next.py`` ``mamba2_cache_params`` ->
+      ``configs/mamba_utils.py`` ``Mamba2StateShape.create``: n_groups = linear_num_key_heads (extended by
+      ``extra_groups_for_head_shards`` when not divisible by TP); conv_dim = linear_value_head_dim x
+      linear_num_value_heads + 2 x n_groups x linear_key_head_dim; conv state (conv_dim / tp, conv_kernel - 1);
+      temporal state (linear_num_value_heads / tp, linear_value_head_dim, linear_key_head_dim). tp is
+      ``linear_attn_tp_size()``, the attention TP: ``--tp-size`` without DP attention (with it: None).
+    * Dtypes: ``mamba2_state_dtype``: temporal = ``--mamba-ssm-dtype`` (serving_hook.py sets
+      SGLANG_MAMBA_SSM_DTYPE), else config.json ``mamba_ssm_dtype``, else float32; conv = bfloat16 (the
+      SGLANG_MAMBA_CONV_DTYPE default; an override in the unit's environment is not seen here).
+    * Slots: ``mem_cache/memory_pool.py`` ``MambaPool.__init__``: every state tensor has ``size + 1`` rows
+      (one padding slot), size = ``--max-mamba-cache-size`` (``kv_cache_configurator.py``
+      ``_build_hybrid_req_pool`` -> ``HybridReqToTokenPool(mamba_size=max_mamba_cache_size)``, divided by
+      the attention-DP size: dp 1 assumed). The radix tracking / extra-buffer slots
+      (``get_mamba_tracking_slots``) are taken out of these slots (``MambaSlotAllocator(size=mamba_size)``),
+      they add none.
+    * Speculative decoding (``speculative_num_draft_tokens`` D, the target verify's scratch, ``SpeculativeState``):
+      ``intermediate_ssm`` (layers, spec + 1, D, *temporal) and ``intermediate_conv_window``
+      (layers, spec + 1, D, *conv; counted by ``get_tensor_size_bytes`` at its logical shape even when the
+      deduplicated strided view backs it), spec = ``mamba_spec_state_size`` = max_num_reqs
+      (``resolve_max_num_reqs``: min(--max-running-requests, device tokens // 2, max_mamba_cache_size //
+      ratio)), ratio from ``_calculate_mamba_ratio`` = 1 without radix cache, else 2..5 (env and
+      strategy dependent: not visible here, so both ends are computed; for the seed config both give 3).
+      Not modelled (None): ReplaySSM (``--enable-linear-replayssm[-spec]``), adaptive speculative widths,
+      DP attention, a model without the GDN ``linear_*`` keys.
+    """
+    text = text_config(config)
+    need = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+            "linear_conv_kernel_dim")
+    dims = {key: _whole_or_none(text.get(key)) for key in need}
+    slots_arg = _whole_or_none(server_args.get("max_mamba_cache_size"))
+    tp = _whole_or_none(server_args.get("tp_size")) or 1
+    if any(v is None or v < 1 for v in dims.values()) or slots_arg is None or slots_arg < 1:
+        return None
+    if (server_args.get("enable_dp_attention") or server_args.get("enable_linear_replayssm")
+            or server_args.get("enable_linear_replayssm_spec") or server_args.get("speculative_adaptive")):
+        return None
+    layers = int(text.get("num_hidden_layers") or 0) - full_attention_layers(config)
+    n_groups = dims["linear_num_key_heads"]
+    if n_groups % tp:
+        n_groups += tp - n_groups  # extra_groups_for_head_shards, literally
+    value_dim = dims["linear_value_head_dim"] * dims["linear_num_value_heads"]
+    conv_dim = value_dim + 2 * n_groups * dims["linear_key_head_dim"]
+    if layers < 1 or conv_dim % tp or dims["linear_num_value_heads"] % tp:
+        return None  # divide() in Mamba2StateShape.create asserts
+    conv_elems = conv_dim // tp * (dims["linear_conv_kernel_dim"] - 1)
+    temporal_elems = dims["linear_num_value_heads"] // tp * dims["linear_value_head_dim"] * dims["linear_key_head_dim"]
+    ssm_name = server_args.get("mamba_ssm_dtype") or text.get("mamba_ssm_dtype") or "float32"
+    ssm_bytes = MAMBA_STATE_DTYPE_BYTES.get(str(ssm_name), 4)
+    per_slot = conv_elems * MAMBA_CONV_DTYPE_BYTES + temporal_elems * ssm_bytes
+    base = layers * (slots_arg + 1) * per_slot
+    how = (f"Mamba pool {layers} GDN layers x ({slots_arg} + 1) slots x {per_slot} B "
+           f"(conv {conv_elems} x {MAMBA_CONV_DTYPE_BYTES} B + SSM {temporal_elems} x {ssm_bytes} B)")
+    drafts = _whole_or_none(server_args.get("speculative_num_draft_tokens"))
+    if not server_args.get("speculative_algorithm") or not drafts:
+        return base, base, how
+    reqs = _whole_or_none(server_args.get("max_running_requests")) or 10**9
+    cap = int(device_tokens) // 2 if device_tokens else 10**9
+    ratios = (1, 1) if server_args.get("disable_radix_cache") else MAMBA_RATIO_WITH_RADIX
+    spec_low, spec_high = (min(reqs, cap, slots_arg // r) for r in (ratios[1], ratios[0]))
+    if spec_low < 1:
+        return None
+    step = layers * drafts * per_slot
+    spec_how = f"spec {spec_low}" if spec_low == spec_high else f"spec {spec_low}..{spec_high}"
+    return (base + (spec_low + 1) * step, base + (spec_high + 1) * step,
+            how + f" + verify scratch {layers} x ({spec_how} + 1) x {drafts} draft tokens x {per_slot} B")
+
+
 def expected_host_range(
     config: Mapping[str, Any],
     tp_size: int,
@@ -149,14 +242,16 @@ def expected_host_range(
     hicache_size_gb: float = 0,
     hicache_ratio: float | None = None,
     host_memory_mode: str = "cache",
-    mamba_device_bytes: float | None = None,
+    mamba_device_bytes: float | tuple[float, float] | None = None,
     elem_bytes: float | None = None,
 ) -> tuple[int, int, str]:
     """(lowest, highest, how) host KV tokens per rank the plan allows.
 
     Exact (lowest == highest) for a dense model, for --hicache-ratio, and for a hybrid model whose Mamba
-    device pool bytes are known; a hybrid model with --hicache-size and unknown Mamba bytes gets
-    (1 page, all GB to KV): only the upper bound is known.
+    device pool bytes are known (a number, or a (lowest, highest) pair from mamba_device_bytes); a hybrid
+    model with --hicache-size and unknown Mamba bytes gets (1 page, all GB to KV): only the upper bound is
+    known. The KV device bytes _split_hicache_size weighs are MHATokenToKVPool.get_kv_size_bytes: K and V
+    buffers of (device tokens + page_size) rows (memory_pool.py: one padding page).
     """
     bpt = kv_bytes_per_token(config, tp_size, elem_bytes)
     page = max(1, int(page_size or 1))
@@ -171,9 +266,15 @@ def expected_host_range(
         return full, full, how + " + 1 padding page"
     if mamba_device_bytes is None:
         return page, full, how + " split with the Mamba host pool (its share unknown: upper bound only)"
-    share = kv_share(int(device_tokens) * bpt, mamba_device_bytes)
-    exact = host_tokens(bpt, device_tokens, page, hicache_size_gb, hicache_ratio, host_memory_mode, share)
-    return exact, exact, how + f" x KV share {share:.4f} + 1 padding page"
+    mamba_low, mamba_high = (
+        mamba_device_bytes if isinstance(mamba_device_bytes, tuple) else (mamba_device_bytes, mamba_device_bytes)
+    )
+    kv_bytes = (int(device_tokens) + page) * bpt
+    share_low, share_high = kv_share(kv_bytes, mamba_high), kv_share(kv_bytes, mamba_low)
+    low = host_tokens(bpt, device_tokens, page, hicache_size_gb, hicache_ratio, host_memory_mode, share_low)
+    high = host_tokens(bpt, device_tokens, page, hicache_size_gb, hicache_ratio, host_memory_mode, share_high)
+    shares = f"{share_low:.4f}" if low == high else f"{share_low:.4f}..{share_high:.4f}"
+    return low, high, how + f" x KV share {shares} (vs the Mamba device pool) + 1 padding page"
 
 
 def compare(name: str, reported: int | None, low: int, high: int, tolerance: float, how: str) -> list[str]:
@@ -314,10 +415,16 @@ def server_pools(
     size_gb = _number(info.get("hicache_size")) or 0
     ratio = _number(info.get("hicache_ratio"))
     mode = str(info.get("hicache_host_memory_mode") or "cache")
+    mamba = None
+    if info.get("max_mamba_cache_size") is not None and is_hybrid(config):
+        mamba = mamba_device_bytes(config, info, device)
     try:
         low, high, how = expected_host_range(
-            config, tp, device, out["page_size"], size_gb, ratio, mode, elem_bytes=elem
+            config, tp, device, out["page_size"], size_gb, ratio, mode,
+            mamba_device_bytes=None if mamba is None else (mamba[0], mamba[1]), elem_bytes=elem,
         )
+        if mamba is not None and size_gb:
+            how += f"; {mamba[2]}"
     except PoolPlanError as exc:
         out["note"] = f"the host pool is not checked: {exc}"
         return out

@@ -27,6 +27,8 @@ MODELLED_FLAGS = frozenset(
         "enable_metrics", "api_key", "enable_hierarchical_cache", "hicache_ratio",
         "hicache_size", "hicache_write_policy", "hicache_host_memory_mode", "tokenizer_path",
         "hicache_storage_backend", "disable_radix_cache", "log_level", "kv_cache_dtype", "dtype",
+        # the hybrid model's Mamba device pool, which takes its share of --hicache-size (model.py)
+        "max_mamba_cache_size", "mamba_ssm_dtype", "speculative_num_draft_tokens",
     }
 )
 

@@ -110,6 +110,48 @@ def kv_bytes_per_token_per_rank(model: ModelInfo, tp_size: int, elem_bytes: floa
     return int(model.full_attention_layers * 2 * kv_heads_per_rank * model.head_dim * elem_bytes)
 
 
+_MAMBA_SSM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def mamba_pool_bytes(model: ModelInfo, values: dict[str, Any], device_tokens: int) -> int | None:
+    """Bytes per rank of SGLang 0.5.23's Mamba device pool for a hybrid GDN model (qwen3_5/qwen3_next)
+    with an explicit --max-mamba-cache-size, or None (dense model, auto-sized pool, not modelled).
+
+    Mirrors srt/configs/mamba_utils.py Mamba2StateShape.create (conv state (conv_dim / tp, kernel - 1) in
+    bf16, SSM state (value heads / tp, value dim, key dim) in --mamba-ssm-dtype, else config, else
+    float32), srt/mem_cache/memory_pool.py MambaPool (size + 1 slots; with speculative decoding the
+    verify scratch intermediate_ssm and intermediate_conv_window of max_num_reqs + 1 slots x draft
+    tokens) and kv_cache_configurator.py resolve_max_num_reqs (min(--max-running-requests, device // 2,
+    max_mamba_cache_size // 3): the radix ratio's default; the simulator runs no extra buffer).
+    module_utils/sglang_pool_plan.py mamba_device_bytes is the controller's own copy; tests/sim compares.
+    """
+    slots = values.get("max_mamba_cache_size")
+    text = _text_config(model.config)
+    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+            "linear_value_head_dim", "linear_conv_kernel_dim")
+    if slots is None or model.full_attention_layers >= model.num_layers or not all(text.get(k) for k in keys):
+        return None
+    tp = int(values.get("tp_size") or 1)
+    groups = int(text["linear_num_key_heads"])
+    if groups % tp:
+        groups = tp  # extra_groups_for_head_shards adds tp - groups
+    conv_dim = int(text["linear_value_head_dim"]) * int(text["linear_num_value_heads"]) + 2 * groups * int(
+        text["linear_key_head_dim"])
+    conv = conv_dim // tp * (int(text["linear_conv_kernel_dim"]) - 1) * 2
+    ssm_dtype = values.get("mamba_ssm_dtype") or text.get("mamba_ssm_dtype") or "float32"
+    ssm = (int(text["linear_num_value_heads"]) // tp * int(text["linear_value_head_dim"])
+           * int(text["linear_key_head_dim"]) * _MAMBA_SSM_BYTES.get(str(ssm_dtype), 4))
+    layers = model.num_layers - model.full_attention_layers
+    total = layers * (int(slots) + 1) * (conv + ssm)
+    drafts = values.get("speculative_num_draft_tokens")
+    if values.get("speculative_algorithm") and drafts:
+        reqs = values.get("max_running_requests") or 10**9
+        ratio = 1 if values.get("disable_radix_cache") else 3
+        spec = min(int(reqs), device_tokens // 2, int(slots) // ratio)
+        total += layers * (spec + 1) * int(drafts) * (conv + ssm)
+    return total
+
+
 @dataclass(frozen=True)
 class PoolSizes:
     kv_bytes_per_token: int  # per rank
@@ -155,7 +197,14 @@ def size_pools(model: ModelInfo, values: dict[str, Any], settings: Settings) -> 
         if settings.host_tokens is not None:
             host = int(settings.host_tokens)
         elif int(values.get("hicache_size") or 0) > 0:
-            host = int(int(values["hicache_size"]) * 1e9 // bpt)
+            # hybrid_pool_assembler.py _split_hicache_size: the GB are shared with the Mamba host pool in
+            # proportion of the device pools' bytes (the KV pool: device + 1 page rows of K and V).
+            gb = float(values["hicache_size"])
+            mamba = mamba_pool_bytes(model, values, device)
+            if mamba:
+                kv = (device + page) * bpt
+                gb = gb * kv / (kv + mamba)
+            host = int(gb * 1e9 // bpt)
         else:
             ratio = values.get("hicache_ratio")
             if ratio is None:

@@ -33,7 +33,8 @@ def _settings(**probe):
     base = {"rollout_probe_input_len_canary": DEMO["rollout_probe_input_len_canary"],
             "rollout_probe_input_len": DEMO["rollout_probe_input_len"], "output_len": 512,
             "device_tokens": DEMO["preflight_probe_device_tokens"],
-            "kv_bytes_per_token": DEMO["preflight_kv_bytes_per_token"]}
+            "kv_bytes_per_token": DEMO["preflight_kv_bytes_per_token"],
+            "mamba_device_bytes": DEMO["preflight_mamba_device_bytes"]}
     base.update(probe)
     return {"profiles": ["seed-validated"], "draft_free_algorithms": [], "environment": {}, "gpus": None,
             "probe": base}
@@ -46,20 +47,60 @@ def test_the_demo_config_passes():
 def test_a_too_small_hicache_size_is_refused_naming_the_variables():
     args = {**DEMO["sglang_service_hicache_args"], "--hicache-size": 6}
     found = pf.service_findings([_plan(args)], [], TABLE, _settings())
-    assert len(found) == 2  # the canary's 64K and the 32K probe: 6 GB hold 183,106 tokens
+    assert len(found) == 2  # the canary's 12K and the 8K probe: 6 GB hold 131,046 KV tokens (KV share 0.7157)
     canary = found[0]
-    assert "holds 183106 tokens per rank" in canary
-    assert "needs 223692: rollout_probe_input_len_canary 64000 + 159692 filler tokens" in canary
+    assert "holds 131046 tokens per rank" in canary
+    assert "needs 171692: rollout_probe_input_len_canary 12000 + 159692 filler tokens" in canary
     assert "preflight_probe_device_tokens 159692" in canary
     assert "preflight_kv_bytes_per_token 32768" in canary
+    assert "preflight_mamba_device_bytes 2078834688" in canary
     assert "Raise '--hicache-size' in sglang_service_hicache_args or lower rollout_probe_input_len_canary" in canary
-    assert "rollout_probe_input_len 32000 + 159692" in found[1]
+    assert "rollout_probe_input_len 8000 + 159692" in found[1]
+
+
+def test_the_old_demo_probe_lengths_are_refused_with_the_exact_split():
+    """8 GB hold 174,728 KV tokens of the hybrid, not 244,141: the old 64K canary (223,692) and 32K probe
+    (191,692) do not fit; counted all to KV (mamba_device_bytes 0) they did."""
+    old = _settings(rollout_probe_input_len_canary=64000, rollout_probe_input_len=32000)
+    found = pf.probe_pool_findings([_plan(DEMO["sglang_service_hicache_args"])], old["probe"])
+    assert len(found) == 2
+    assert "holds 174728 tokens per rank" in found[0]
+    assert "rollout_probe_input_len_canary 64000" in found[0]
+    dense = _settings(rollout_probe_input_len_canary=64000, rollout_probe_input_len=32000, mamba_device_bytes=0)
+    assert pf.probe_pool_findings([_plan(DEMO["sglang_service_hicache_args"])], dense["probe"]) == []
+    # The demo's lengths use the room the exact figure leaves: 174,728 - 159,692 = 15,036 tokens.
+    assert DEMO["rollout_probe_input_len_canary"] <= 15036
+    assert DEMO["rollout_probe_input_len"] <= 15036
+
+
+def test_the_demo_mamba_bytes_are_what_the_pool_plan_computes():
+    """preflight_mamba_device_bytes in the demo inventory against module_utils/sglang_pool_plan.py
+    mamba_device_bytes for the fixture model (sim/sglang_sim/fixture_model.py seed-27b) launched with the
+    seed-validated profile (roles/sglang_service/defaults/main.yml), and preflight's split against the
+    pool plan's expected_host_range (one arithmetic, two copies)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "sim"))
+    from sglang_sim.fixture_model import PROFILES
+
+    plan = load("module_utils/sglang_pool_plan.py", "sglang_pool_plan_preflight_check")
+    profile = yaml.safe_load((ROOT / "roles/sglang_service/defaults/main.yml").read_text())[
+        "sglang_service_profiles"]["seed-validated"]
+    fields = {flag.lstrip("-").replace("-", "_"): value for flag, value in profile.items()}
+    assert fields["max_mamba_cache_size"] == 20
+    assert fields["speculative_num_draft_tokens"] == 8
+    device = DEMO["preflight_probe_device_tokens"]
+    low, high, _ = plan.mamba_device_bytes(PROFILES["seed-27b"], fields, device)
+    assert low == high == DEMO["preflight_mamba_device_bytes"]
+    expected = plan.expected_host_range(PROFILES["seed-27b"], 2, device, 1, 8, 2.0, mamba_device_bytes=low)
+    assert pf.probe_host_pool_tokens(DEMO["sglang_service_hicache_args"], 32768, device, low) == expected[0]
 
 
 def test_ratio_pools_and_the_rule_switched_off():
     ratio = {"--enable-hierarchical-cache": True, "--hicache-ratio": "1.2"}
-    found = pf.probe_pool_findings([_plan(ratio)], _settings()["probe"])
-    assert "holds 191631 tokens per rank" in found[0]  # int(159692 x 1.2) + 1
+    found = pf.probe_pool_findings([_plan(ratio)], _settings(rollout_probe_input_len_canary=64000)["probe"])
+    assert "holds 191631 tokens per rank" in found[0]  # int(159692 x 1.2) + 1: no split with a ratio
+    assert "preflight_mamba_device_bytes" not in found[0]
     assert pf.probe_pool_findings([_plan(ratio)], _settings(device_tokens=0)["probe"]) == []
     assert pf.probe_pool_findings([_plan(ratio)], _settings(kv_bytes_per_token=0)["probe"]) == []
     off = _plan({"--hicache-size": 1})
@@ -83,3 +124,4 @@ def test_the_service_task_passes_both_variables():
     task = (ROOT / "roles/preflight/tasks/service.yml").read_text()
     assert 'device_tokens: "{{ preflight_probe_device_tokens }}"' in task
     assert 'kv_bytes_per_token: "{{ preflight_kv_bytes_per_token }}"' in task
+    assert 'mamba_device_bytes: "{{ preflight_mamba_device_bytes }}"' in task

@@ -298,3 +298,35 @@ def test_repeated_block_finds_the_shortest_block_up_to_half_the_window():
     ids = [out.token(i)[0] for i in range(50)]
     assert all(0 <= t < 1000 for t in ids)
     assert ids == [Output(canonical(noise), 1000).token(i)[0] for i in range(50)]
+
+
+# The seed profile's launch (roles/sglang_service/defaults/main.yml seed-validated): the hybrid's Mamba pool.
+SEED_MAMBA_ARGS = ["--max-running-requests", "3", "--max-mamba-cache-size", "20", "--mamba-ssm-dtype", "bfloat16",
+                   "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/d",
+                   "--speculative-num-draft-tokens", "8"]
+
+
+@pytest.mark.parametrize(("size_gb", "expected"), [("8", 174_728), ("12", 262_091)])
+def test_hybrid_host_pool_is_split_with_the_mamba_pool_as_the_plan_expects(model_dir, size_gb, expected):
+    """Two implementations of SGLang 0.5.23's _split_hicache_size (hybrid_pool_assembler.py): the
+    simulator's and module_utils/sglang_pool_plan.py's, for the demo (8 GB) and the seed (12 GB)."""
+    from plugins import load
+
+    plan = load("module_utils/sglang_pool_plan.py", "sglang_pool_plan_sim_check")
+    hicache = [a if a != "12" else size_gb for a in SEED_HICACHE]
+    sizes = _sizes(model_dir, [*SEED_MAMBA_ARGS, *hicache])
+    assert sizes.device_tokens == 159_692  # the calibration holds
+    assert sizes.host_tokens == expected
+    args = parse_argv(["--model-path", str(model_dir), *SEED_BASE, *SEED_MAMBA_ARGS, *hicache]).values
+    model = read_model(str(model_dir))
+    mamba = plan.mamba_device_bytes(model.config, args, sizes.device_tokens)
+    low, high, _ = plan.expected_host_range(model.config, 2, sizes.device_tokens, 1, int(size_gb), 2.0,
+                                            mamba_device_bytes=mamba[:2])
+    assert low == high == sizes.host_tokens
+    # pool_mismatch halves it (before the padding page): the plan's figure no longer matches.
+    bad = size_pools(model, args, load_settings({"SGLANG_SIM_FAULT": "pool_mismatch"}))
+    assert bad.host_tokens == (expected - 1) // 2 + 1
+    assert plan.compare("host", bad.host_tokens, low, high, plan.POOL_TOLERANCE, "x")
+    # Without --max-mamba-cache-size (auto-sized Mamba pool) all GB stay with the KV pool, as before.
+    auto = [a for a in SEED_MAMBA_ARGS if a not in ("--max-mamba-cache-size", "20")]
+    assert _sizes(model_dir, [*auto, *hicache]).host_tokens == int(int(size_gb) * 10**9 // 32_768) + 1

@@ -668,16 +668,25 @@ def service_findings(
 PROBE_FILLER_FACTOR = 1.0
 
 
-def probe_host_pool_tokens(args: Mapping[str, Any], kv_bytes_per_token: int, device_tokens: int) -> int | None:
+def probe_host_pool_tokens(
+    args: Mapping[str, Any], kv_bytes_per_token: int, device_tokens: int, mamba_device_bytes: int = 0
+) -> int | None:
     """Host KV pool tokens per rank as SGLang 0.5.23 sizes it (src/mem_cache/pool_host/base.py
-    HostKVCache.__init__; the same arithmetic as module_utils/sglang_pool_plan.py host_tokens, which a test
-    compares): --hicache-size GB x 1e9 // bytes per token, else int(device tokens x --hicache-ratio), plus
-    one padding page. For a hybrid model this is the upper bound: SGLang splits --hicache-size with the
-    Mamba host pool (hybrid_pool_assembler.py _split_hicache_size)."""
+    HostKVCache.__init__; the same arithmetic as module_utils/sglang_pool_plan.py host_tokens and
+    expected_host_range, which a test compares): --hicache-size GB x 1e9 // bytes per token, else
+    int(device tokens x --hicache-ratio), plus one padding page. A hybrid model's --hicache-size is split
+    with the Mamba host pool in proportion of the DEVICE pools' bytes (hybrid_cache/hybrid_pool_assembler.py
+    _split_hicache_size): the KV pool's (device tokens + 1 page) x bytes per token against
+    mamba_device_bytes (preflight_mamba_device_bytes; module_utils/sglang_pool_plan.py mamba_device_bytes
+    works it out from config.json and the launch)."""
     page = _whole(args.get("--page-size")) or 1
     size = _whole(args.get("--hicache-size")) or 0
     if size > 0:
-        tokens = int(size * 1e9 // kv_bytes_per_token)
+        gb = float(size)
+        if mamba_device_bytes and mamba_device_bytes > 0:
+            kv_bytes = (device_tokens + page) * kv_bytes_per_token
+            gb = gb * kv_bytes / (kv_bytes + mamba_device_bytes)
+        tokens = int(gb * 1e9 // kv_bytes_per_token)
     else:
         try:
             ratio = float(args.get("--hicache-ratio"))
@@ -690,9 +699,11 @@ def probe_host_pool_tokens(args: Mapping[str, Any], kv_bytes_per_token: int, dev
 def probe_pool_findings(plan: Sequence[Mapping[str, Any]], probe: Mapping[str, Any]) -> list[str]:
     """Issue 25 item 3: the host pool must hold the probed prefix plus the fillers the host-tier proof pushes
     through it. probe: rollout_probe_input_len(_canary), device_tokens (preflight_probe_device_tokens),
-    kv_bytes_per_token (preflight_kv_bytes_per_token); either 0: not checked."""
+    kv_bytes_per_token (preflight_kv_bytes_per_token), mamba_device_bytes (preflight_mamba_device_bytes, 0
+    for a dense model); device_tokens or kv_bytes_per_token 0: not checked."""
     device = _whole(probe.get("device_tokens")) or 0
     bpt = _whole(probe.get("kv_bytes_per_token")) or 0
+    mamba = _whole(probe.get("mamba_device_bytes")) or 0
     if device <= 0 or bpt <= 0:
         return []
     filler = math.ceil(device * PROBE_FILLER_FACTOR)
@@ -701,7 +712,10 @@ def probe_pool_findings(plan: Sequence[Mapping[str, Any]], probe: Mapping[str, A
         args = entry.get("args") or {}
         if not entry.get("hicache") or not args.get("--enable-hierarchical-cache"):
             continue
-        host = probe_host_pool_tokens(args, bpt, device)
+        split = ""
+        if mamba > 0 and (_whole(args.get("--hicache-size")) or 0) > 0:
+            split = f", its KV share against preflight_mamba_device_bytes {mamba}"
+        host = probe_host_pool_tokens(args, bpt, device, mamba)
         for variable in ("rollout_probe_input_len_canary", "rollout_probe_input_len"):
             length = _whole(probe.get(variable))
             if length is None or length + filler <= host:
@@ -709,9 +723,9 @@ def probe_pool_findings(plan: Sequence[Mapping[str, Any]], probe: Mapping[str, A
             found.append(
                 f"{entry.get('unit')}: its HiCache host pool holds {host} tokens per rank (--hicache-size "
                 f"{args.get('--hicache-size', 0)} GB / --hicache-ratio {args.get('--hicache-ratio', 'default')} at "
-                f"preflight_kv_bytes_per_token {bpt}) but the probe's host tier needs {length + filler}: {variable} "
-                f"{length} + {filler} filler tokens (one device pool, preflight_probe_device_tokens {device}). "
-                f"Raise '--hicache-size' in sglang_service_hicache_args or lower {variable}."
+                f"preflight_kv_bytes_per_token {bpt}{split}) but the probe's host tier needs {length + filler}: "
+                f"{variable} {length} + {filler} filler tokens (one device pool, preflight_probe_device_tokens "
+                f"{device}). Raise '--hicache-size' in sglang_service_hicache_args or lower {variable}."
             )
     return found
 
