@@ -47,30 +47,33 @@ def test_the_demo_config_passes():
 def test_a_too_small_hicache_size_is_refused_naming_the_variables():
     args = {**DEMO["sglang_service_hicache_args"], "--hicache-size": 6}
     found = pf.service_findings([_plan(args)], [], TABLE, _settings())
-    assert len(found) == 2  # the canary's 12K and the 8K probe: 6 GB hold 131,046 KV tokens (KV share 0.7157)
+    assert len(found) == 2  # the canary's 48K and the 32K probe: 6 GB hold 131,046 KV tokens (KV share 0.7157)
     canary = found[0]
     assert "holds 131046 tokens per rank" in canary
-    assert "needs 171692: rollout_probe_input_len_canary 12000 + 159692 filler tokens" in canary
+    assert "needs 207692: rollout_probe_input_len_canary 48000 + 159692 filler tokens" in canary
     assert "preflight_probe_device_tokens 159692" in canary
     assert "preflight_kv_bytes_per_token 32768" in canary
     assert "preflight_mamba_device_bytes 2078834688" in canary
     assert "Raise '--hicache-size' in sglang_service_hicache_args or lower rollout_probe_input_len_canary" in canary
-    assert "rollout_probe_input_len 8000 + 159692" in found[1]
+    assert "rollout_probe_input_len 32000 + 159692" in found[1]
 
 
 def test_the_old_demo_probe_lengths_are_refused_with_the_exact_split():
     """8 GB hold 174,728 KV tokens of the hybrid, not 244,141: the old 64K canary (223,692) and 32K probe
     (191,692) do not fit; counted all to KV (mamba_device_bytes 0) they did."""
     old = _settings(rollout_probe_input_len_canary=64000, rollout_probe_input_len=32000)
-    found = pf.probe_pool_findings([_plan(DEMO["sglang_service_hicache_args"])], old["probe"])
+    eight = {**DEMO["sglang_service_hicache_args"], "--hicache-size": 8}
+    found = pf.probe_pool_findings([_plan(eight)], old["probe"])
     assert len(found) == 2
     assert "holds 174728 tokens per rank" in found[0]
     assert "rollout_probe_input_len_canary 64000" in found[0]
     dense = _settings(rollout_probe_input_len_canary=64000, rollout_probe_input_len=32000, mamba_device_bytes=0)
-    assert pf.probe_pool_findings([_plan(DEMO["sglang_service_hicache_args"])], dense["probe"]) == []
-    # The demo's lengths use the room the exact figure leaves: 174,728 - 159,692 = 15,036 tokens.
-    assert DEMO["rollout_probe_input_len_canary"] <= 15036
-    assert DEMO["rollout_probe_input_len"] <= 15036
+    assert pf.probe_pool_findings([_plan(eight)], dense["probe"]) == []
+    # The demo's 10 GB hold 218,409 KV tokens: its lengths use the room above one device pool of
+    # filler, 218,409 - 159,692 = 58,717 tokens.
+    assert DEMO["sglang_service_hicache_args"]["--hicache-size"] == 10
+    assert DEMO["rollout_probe_input_len_canary"] <= 58717
+    assert DEMO["rollout_probe_input_len"] <= 58717
 
 
 def test_the_demo_mamba_bytes_are_what_the_pool_plan_computes():
@@ -92,7 +95,8 @@ def test_the_demo_mamba_bytes_are_what_the_pool_plan_computes():
     device = DEMO["preflight_probe_device_tokens"]
     low, high, _ = plan.mamba_device_bytes(PROFILES["seed-27b"], fields, device)
     assert low == high == DEMO["preflight_mamba_device_bytes"]
-    expected = plan.expected_host_range(PROFILES["seed-27b"], 2, device, 1, 8, 2.0, mamba_device_bytes=low)
+    size = DEMO["sglang_service_hicache_args"]["--hicache-size"]
+    expected = plan.expected_host_range(PROFILES["seed-27b"], 2, device, 1, size, 2.0, mamba_device_bytes=low)
     assert pf.probe_host_pool_tokens(DEMO["sglang_service_hicache_args"], 32768, device, low) == expected[0]
 
 

@@ -89,7 +89,7 @@ def state_now(host) -> dict:
 
 def test_record_has_both_launches_and_every_tier(record):
     assert record["host"] == HOST
-    assert (record["input_len"], record["repeats"], record["seed"]) == (64000, 3, 42)
+    assert (record["input_len"], record["repeats"], record["seed"]) == (48000, 3, 42)
     cases = record["cases"]
     assert [(c["hicache"], c["tier"]) for c in cases] == [(False, t) for t in TIERS] + [(True, t) for t in TIERS]
     for case in cases:
@@ -111,7 +111,7 @@ def test_capacity_price_is_the_seeds(record):
 def test_only_hicache_brings_the_evicted_prefix_back_from_host_ram(record):
     case = {(c["hicache"], c["tier"]): c for c in record["cases"]}
     # Without HiCache a prefix pushed out of GPU memory is gone: recomputed, as slow as cold.
-    assert case[(False, "host")]["median_cached_tokens"] < 0.1 * 64000
+    assert case[(False, "host")]["median_cached_tokens"] < 0.1 * 48000
     assert case[(False, "host")]["median_ttft_ms"] > 0.5 * case[(False, "cold")]["median_ttft_ms"]
     # With HiCache it comes back from host RAM (the cache report shows it, not only the TTFT).
     assert case[(True, "host")]["host_cached_fraction"] >= 0.9
