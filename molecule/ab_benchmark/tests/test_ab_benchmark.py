@@ -171,7 +171,7 @@ def test_host_serves_the_release_it_was_found_on(host):
     unit = host.file(f"/etc/systemd/system/{UNIT}").content_string
     assert f"ExecStart={cmdline[0].decode()} " in unit, (cmdline[:3], unit)
     assert b"--enable-hierarchical-cache" in cmdline
-    assert [b"--hicache-size", b"8"] == cmdline[cmdline.index(b"--hicache-size") :][:2]
+    assert [b"--hicache-size", b"10"] == cmdline[cmdline.index(b"--hicache-size") :][:2]
     # ... and serves: the server reports HiCache on and the HiCache capacity.
     info = server_info()
     assert info["enable_hierarchical_cache"] is True, journal(host)
