@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from ansible.module_utils.sglang_pool_plan import check_pools
+from ansible.module_utils.sglang_pool_plan import check_pools, read_model_config
 from ansible.module_utils.sglang_probe_client import (
     MissingAccounting,
     ProbeError,
@@ -253,12 +253,8 @@ def extract_server_facts(server_info: dict, model_info: dict) -> dict:
 
 def vocab_from_config(model_path: str | None) -> int | None:
     """vocab_size from the model directory's config.json on this host, if it is readable."""
-    if not model_path or not os.path.isdir(model_path):
-        return None
-    try:
-        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as fh:
-            config = json.load(fh)
-    except (OSError, ValueError):
+    config = read_model_config(model_path)
+    if config is None:
         return None
     for holder in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
         if isinstance(holder, dict) and isinstance(holder.get("vocab_size"), int):
