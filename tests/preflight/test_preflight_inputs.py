@@ -393,6 +393,8 @@ RUN_BAD = [
     ("probe", {"rollout_probe_repeats": "3\n"}, "rollout_probe_repeats = '3\\n' is not a whole number"),
     ("booleans", {"rollout_probe_use_baseline": "flase"}, "rollout_probe_use_baseline = 'flase' is not a boolean"),
     ("knobs", {"preflight_memory_reserve_gb": -1}, "preflight_memory_reserve_gb = -1 is out of range"),
+    ("knobs", {"preflight_mamba_device_bytes": -1}, "preflight_mamba_device_bytes = -1 is out of range"),
+    ("knobs", {"preflight_probe_device_tokens": "1.5"}, "preflight_probe_device_tokens"),
     ("ranges", {"--port": {"min": "x"}}, "preflight_sglang_ranges['--port']"),
     ("host", "../../etc/x", "the inventory host name '../../etc/x'"),
     ("host", "node\n", "the inventory host name"),

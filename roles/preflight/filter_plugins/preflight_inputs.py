@@ -121,6 +121,10 @@ KNOB_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "preflight_rocm_debs_disk_gb": (0, 100000, False, False),
     "preflight_venv_disk_gb": (0, 100000, False, False),
     "preflight_models_disk_gb": (0, 100000, False, False),
+    # The probe-pool rule's figures (0: the rule is off; a negative one would switch it off unsaid).
+    "preflight_probe_device_tokens": (0, 10**9, False, True),
+    "preflight_kv_bytes_per_token": (0, 10**9, False, True),
+    "preflight_mamba_device_bytes": (0, 10**15, False, True),
 }
 
 
