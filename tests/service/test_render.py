@@ -299,3 +299,20 @@ def test_host_pool_and_pruning():
     assert filters.host_pool_gb({"--tp-size": 2, "--hicache-size": 0.5}) == 0
     found = [{"path": f"r{i}", "mtime": i} for i in range(6)]
     assert filters.prune(found, 3, ["r0"]) == ["r2", "r1"]
+
+
+def test_fleet_args_override_the_profile_and_instances_override_them(tmp_path):
+    """sglang_service_args (where a host class's measured sizing goes) applies to every instance after
+    the profile and the HiCache args; an instance's own args still win; null drops a flag."""
+    out = run_plan(tmp_path, {
+        "sglang_service_args": {"--mem-fraction-static": "0.85", "--max-running-requests": None},
+        "sglang_service_instances": [
+            {"name": "main", "port": 30004},
+            {"name": "own", "port": 30010, "args": {"--mem-fraction-static": "0.70"}},
+        ],
+    })
+    main = as_mapping(rendered_args(out, "main"))
+    assert main["--mem-fraction-static"] == ["0.85"]
+    assert "--max-running-requests" not in main
+    assert main["--hicache-size"] == ["12"]
+    assert as_mapping(rendered_args(out, "own"))["--mem-fraction-static"] == ["0.70"]
