@@ -165,7 +165,7 @@ def ram_findings(pools: Sequence[Mapping[str, Any]], memtotal_mb: Any, reserve_g
     return [
         f"not enough RAM for the HiCache host pools: they need {total:g} GB of pinned RAM ({labels}; tp-size x "
         f"--hicache-size per instance) plus preflight_memory_reserve_gb = {reserve:g} GB, but {host or 'the host'} "
-        f"has {ram_bytes / 1e9:.1f} GB (ansible_memtotal_mb = {memtotal_mb}). Lower "
+        f"has {ram_bytes / 1e9:.1f} GB ({memtotal_mb} MiB: MemTotal, or the RAM a simulator host was told). Lower "
         f"{' / '.join(variables) or '--hicache-size'}, lower tp-size, or run fewer instances here."
     ]
 
