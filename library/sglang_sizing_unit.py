@@ -51,7 +51,8 @@ options:
     required: true
   args:
     description:
-      - SGLang flag overrides, flag to value, e.g. C({"--hicache-size": 16, "--mem-fraction-static": "0.85"}).
+      - >-
+        SGLang flag overrides, flag to value, e.g. C({"--hicache-size": 16, "--mem-fraction-static": "0.85"}).
       - A value is one word, a list an nargs flag, C(true) a switch; C(null) or C(false) drop the flag.
     type: dict
     default: {}

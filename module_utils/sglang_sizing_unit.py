@@ -169,7 +169,7 @@ def parse_exec(unit_text, argv, unit, release_dir):
     """Where the ExecStart is and what it runs: (first line, end line, python, module, config tail?).
 
     Refuses when the ExecStart's SGLang words are not argv.json's (the unit was edited)."""
-    _, joined = unit_lines(unit_text)
+    joined = unit_lines(unit_text)[1]
     execs = [(start, end, line) for start, end, line in joined if line.startswith("ExecStart=")]
     if len(execs) != 1:
         raise SizingUnitError(f"release_dir {release_dir!r}: its unit has {len(execs)} ExecStart= lines, not one; "
@@ -186,9 +186,10 @@ def parse_exec(unit_text, argv, unit, release_dir):
     if len(words) < 3 or words[1][1] != "-m":
         raise SizingUnitError(f"{mismatch}: it is not '<python> -m <module> <args>'")
     rest = words[3:]
-    tail = [raw for raw, _ in rest[-2:]] == CONFIG_TAIL.split(" ")
-    if [value for _, value in rest] != argv:
-        raise SizingUnitError(f"{mismatch}: ExecStart has {[value for _, value in rest]}, argv.json {argv}")
+    tail = [word[0] for word in rest[-2:]] == CONFIG_TAIL.split(" ")
+    values = [word[1] for word in rest]
+    if values != argv:
+        raise SizingUnitError(f"{mismatch}: ExecStart has {values}, argv.json {argv}")
     return start, end, words[0][1], words[2][1], tail
 
 
@@ -289,7 +290,7 @@ def render(unit_text, argv, unit, name, args, runtime_max_sec, release_dir):
     start, end, python, module, tail = parse_exec(unit_text, argv, unit, release_dir)
     base = argv[:-2] if tail else list(argv)
     groups = apply_overrides(base, args)
-    physical, _ = unit_lines(unit_text)
+    physical = unit_lines(unit_text)[0]
     description = next((line.split("=", 1)[1] for line in physical if line.startswith("Description=")), unit)
     out = [
         f"# HiCache sizing candidate of {unit}: a temporary unit (playbooks/hicache_sizing.yml), written by",
