@@ -124,7 +124,8 @@ def capacity_plan_steps(p: dict) -> list[str]:
         f"capacity: POST /flush_cache, then fill {count} distinct prefixes of {p['input_len']} random ids "
         "(seed:capacity:i) -> 1 token each",
         "capacity: re-read them newest first -> 1 token each, until the first that is not cached "
-        f"(min_cached_fraction {p.get('min_cached_fraction')}); at most {p.get('capacity_timeout_s'):g} s in all",
+        f"(min_cached_fraction {p.get('min_cached_fraction')}); at most "
+        f"{p.get('capacity_timeout_s') or 3600:g} s in all",
     ]
 
 
@@ -149,9 +150,13 @@ def measure_capacity(p: dict, client: SGLangClient, facts: dict, vocab: int, m: 
     fell out. Read oldest first, the first read would be a miss whose recomputation evicts the next
     oldest: the count would be 0 or a fraction of the truth. Stopping at the first miss also means no
     recomputed prefix ever evicts one still to be read. (The simulator, sim/sglang_sim/cache.py,
-    evicts the same way: LRU per tier, leaves first, hits touch only.) With write_back or
-    write_through_selective the device's evictions write to the host during the re-reads, so the
-    count can come out lower than the host pool holds; the toolkit runs write_through.
+    evicts the same way: LRU per tier, leaves first, hits touch only.) Other write policies: with
+    write_back the device's evictions during the re-reads write to the host and may push out a
+    prefix not yet read, so the count can come out low (on the simulator it came out as with
+    write_through: 22 at --hicache-size 12, input_len 16000); with write_through_selective a page is
+    backed up only once it has been hit, so prefixes used once stay in the device pool only and the
+    count is the device's (10 there), which is what such a workload gets. The toolkit runs
+    write_through.
 
     Off by one: the oldest prefix still held may have lost only its last pages (leaves go first);
     it counts as held when what is left still meets the probe's rule (min_cached_fraction of

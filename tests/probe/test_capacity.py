@@ -19,12 +19,13 @@ from ansible.module_utils.sglang_probe_capacity import (
     CAPACITY_AUTO,
     CAPACITY_MAX_PREFIXES,
     capacity_auto_prefixes,
+    capacity_ids,
     capacity_line,
     capacity_option,
     measure_capacity,
     predicted_prefixes,
 )
-from ansible.module_utils.sglang_probe_client import SGLangClient
+from ansible.module_utils.sglang_probe_client import SGLangClient, flush_cache, generate_body
 from ansible.module_utils.sglang_probe_gate import evaluate_gate
 from ansible.module_utils.sglang_probe_measure import plan_steps, validate_params
 from sim_server import HICACHE_ARGS, SEED_ARGS, probe_once, sim_available
@@ -140,6 +141,42 @@ def test_the_gate_verdict_is_unchanged_by_the_option(start_sim, params):
     spoiled = copy.deepcopy(with_cap)
     spoiled["capacity"].update(held=0, first_miss=4, stopped="timeout")
     assert evaluate_gate(spoiled, p) == evaluate_gate(with_cap, p)
+
+
+@sim_only
+def test_newest_first_is_what_makes_the_count_true(start_sim, params):
+    """The argument of measure_capacity, on the simulator: after the same fill, reading oldest first
+    meets the fallen-out P1 at once, and its recomputation evicts the next oldest: the count is 0."""
+    sim = start_sim(hicache_args(12))
+    p = capacity_params(params, sim.url)
+    client = SGLangClient(sim.url, None, 60)
+    newest_first = measure_capacity(p, client, {"page_size": 1}, 32000, 24)
+    assert newest_first["held"] == 22
+    flush_cache(client, 10)
+    for i in range(1, 25):
+        client.stream_generate(generate_body(capacity_ids(i, p, 32000), 1, 0.0))
+    oldest = [client.stream_generate(generate_body(capacity_ids(i, p, 32000), 1, 0.0))["cached_tokens"]
+              for i in (1, 2, 3)]
+    assert oldest[0] == 0  # P1 fell out; recomputing it evicts P2's pages, and so on
+    assert oldest[1] < newest_first["required_cached_tokens"]
+
+
+@sim_only
+def test_write_through_selective_holds_single_use_prefixes_on_the_device_only(start_sim, params):
+    args = hicache_args(12)
+    args[args.index("--hicache-write-policy") + 1] = "write_through_selective"
+    sim = start_sim(args)
+    cap = probe_once(capacity_params(params, sim.url, capacity_max_prefixes="auto", tier="device"))["capacity"]
+    device = 159692  # the seed's device capacity with HiCache
+    assert device // INPUT_LEN <= cap["held"] <= device // INPUT_LEN + 1
+    assert all(r["host"] == 0 for r in cap["reads"])
+
+
+def test_check_mode_plans_the_measurement_and_sends_nothing(ansible_run):
+    result = ansible_run({"url": "http://127.0.0.1:9", "capacity_max_prefixes": "auto"}, check=True)
+    assert not result.get("failed"), result.get("msg")
+    assert result["requests_sent"] == 0
+    assert any(s.startswith("capacity: re-read them newest first") for s in result["plan"]["steps"])
 
 
 def test_the_prediction_and_the_auto_count():
