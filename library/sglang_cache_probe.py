@@ -36,8 +36,12 @@ description:
     operator has to act on, so C(changed) is true only when the module wrote O(report_path) on the
     managed host. In check mode it returns the plan and sends no request at all.
   - >-
-    With O(progress_path) it writes one line per round (cold and warm TTFT, cached tokens) to that
-    file while it runs, so a playbook that runs it with C(async) can print each round as it comes.
+    With O(capacity_max_prefixes) it then measures how many distinct prefixes of O(input_len) tokens
+    the cache holds (filled, then re-read newest first); the gate does not read that figure.
+  - >-
+    With O(progress_path) it writes one line per round (cold and warm TTFT, cached tokens), and one per
+    capacity prefix with O(capacity_max_prefixes), to that file while it runs, so a playbook that runs it
+    with C(async) can print each round as it comes.
 version_added: "0.1.0"
 author: hicache-fleet maintainers (!UNKNOWN)
 options:
@@ -231,6 +235,36 @@ options:
         recomputed and a cached prefix, while a wrong cache drops them by whole nats. 0.5 sits between.
     type: float
     default: 0.5
+  capacity_max_prefixes:
+    description:
+      - >-
+        Measure how many distinct prefixes of O(input_len) tokens the cache holds (issue 26), after the
+        cold/warm rounds, which run unchanged; the gate does not read it. C(0) is off.
+      - >-
+        N > 0: flush the cache, send N distinct seeded random prefixes P1..PN of exactly O(input_len)
+        ids (1 output token each), then re-read them newest first (PN, PN-1, ...) and count those that
+        come back cached (device or host tier, at least O(min_cached_fraction) of O(input_len) in
+        whole pages) before the first that does not. Newest first, because a hit adds nothing to the
+        pools and so evicts nothing the least-recently-used order would take next; the first miss is
+        the newest prefix that fell out. When all N come back the result says C(bound_reached) (held
+        is then at least N).
+      - >-
+        C(auto) (or C(-1)): N is worked out before the rounds from the pools the server reports (the
+        larger of the host pool and the device KV capacity, per rank, divided by O(input_len) in whole
+        pages) plus 2, so the fill passes the limit; at most 1000. It fails when the server reports no
+        host pool size (SGLang reports it only in C(/metrics), with C(--enable-metrics)).
+      - Each prefix costs a cold prefill (about 192 s at 128K on two Radeon 7900 XTX); see O(capacity_timeout_s).
+    type: raw
+    default: 0
+  capacity_timeout_s:
+    description:
+      - >-
+        Seconds the whole capacity measurement may take (each request is still bounded by
+        O(request_timeout)). When they run out the measurement stops, the module does not fail and
+        C(capacity.stopped) says C(timeout) (held is then unknown during the fill, a lower bound during
+        the re-reads).
+    type: float
+    default: 3600
 attributes:
   check_mode:
     description: Sends no request, returns the plan and predicts C(changed) (true when O(report_path) is set).
@@ -392,6 +426,16 @@ report_path:
   description: Where the JSON record was written.
   returned: when report_path is set
   type: str
+capacity:
+  description:
+    - >-
+      With O(capacity_max_prefixes): prefix_len, requested (N), required_cached_tokens, filled, held
+      (None when stopped during the fill), bound_reached (all N came back: held is at least N),
+      reads (one per re-read, newest first: prefix, cached, device, host, ttft_s), first_miss (the
+      prefix number that did not come back, or None), fill_max_cached, stopped (None or C(timeout)),
+      note, elapsed_s.
+  returned: when capacity_max_prefixes is not 0 and the rounds ran
+  type: dict
 lock_waited_s:
   description: Seconds spent waiting for O(lock_path).
   returned: when lock_path is set
@@ -450,7 +494,7 @@ def main():
             if p.get("lock_path"):
                 result["lock_waited_s"] = lock.waited_s
             progress.write(f"start: {p['url']}, {p['input_len']} tokens, {p['repeats']} rounds, tier {p['tier']}")
-            result.update(run_probe(p, client, on_round=progress.on_round))
+            result.update(run_probe(p, client, on_round=progress.on_round, on_line=progress.write))
         if isinstance(result.get("pools"), dict):
             result["pools"]["hicache_cost"] = hicache_cost(result["pools"], baseline)
         result["gate"] = evaluate_gate(result, p, baseline)

@@ -13,6 +13,12 @@ import time
 from collections.abc import Callable
 
 from ansible.module_utils.sglang_pool_plan import check_pools, read_model_config
+from ansible.module_utils.sglang_probe_capacity import (
+    capacity_plan_steps,
+    measure_capacity,
+    resolve_capacity_prefixes,
+    validate_capacity_params,
+)
 from ansible.module_utils.sglang_probe_client import (
     MissingAccounting,
     ProbeError,
@@ -75,6 +81,8 @@ ARGUMENT_SPEC = {
     "lock_timeout": {"type": "float", "default": 3600.0},
     "parity_tokens": {"type": "int", "default": 8, "no_log": False},  # a count of output tokens, no secret
     "parity_logprob_tolerance": {"type": "float", "default": 0.5},
+    "capacity_max_prefixes": {"type": "raw", "default": 0},
+    "capacity_timeout_s": {"type": "float", "default": 3600.0},
 }
 
 
@@ -109,6 +117,7 @@ def validate_params(p: dict) -> list[str]:
     if p.get("regression_slack_ms") is not None and p["regression_slack_ms"] < 0:
         errors.append(f"regression_slack_ms must be >= 0 (got {p['regression_slack_ms']}).")
     errors.extend(validate_parity_params(p))
+    errors.extend(validate_capacity_params(p))
     return errors
 
 
@@ -204,6 +213,7 @@ def plan_steps(p: dict) -> list[str]:
     if p.get("parity_tokens"):
         steps.append(f"compare each warm answer with its round's cold one over {p['parity_tokens']} tokens "
                      f"(ids equal, logprobs within {p.get('parity_logprob_tolerance')})")
+    steps.extend(capacity_plan_steps(p))
     if p.get("report_path"):
         steps.append(f"write the JSON record to {p['report_path']}")
     return steps
@@ -369,11 +379,18 @@ def _no_round(number: int, total: int, runs: dict) -> None:
     """The default on_round: say nothing."""
 
 
-def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict], None] = _no_round) -> dict:
+def _no_line(line: str) -> None:
+    """The default on_line: say nothing."""
+
+
+def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict], None] = _no_round,
+              on_line: Callable[[str], None] = _no_line) -> dict:
     """The whole measurement; returns the result dict (without the gate).
 
     After each round, on_round(round number, rounds, {"cold": run, "device": run, "host": run}) gets
-    that round's runs (the tiers measured), e.g. to write progress while a long probe runs."""
+    that round's runs (the tiers measured), e.g. to write progress while a long probe runs. With
+    capacity_max_prefixes, the capacity measurement follows the rounds (sglang_probe_capacity) and
+    on_line gets its progress lines."""
     result: dict = {}
     waited = wait_until_healthy(client, p["ready_timeout"])
     server_info = client.get_json(("/get_server_info", "/server_info"))
@@ -397,6 +414,9 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
     result["pools"] = check_pools(client, server_info, facts)
     if result["pools"]["failures"] and p.get("gate", True):
         return result
+    # capacity_max_prefixes auto is worked out from the pools now, so a server that reports no host
+    # pool fails before the cache is flushed.
+    capacity_m = resolve_capacity_prefixes(p, result["pools"], facts)
     tiers = tiers_of(p["tier"])
     fillers: list[int] = []
     if "host" in tiers:
@@ -454,6 +474,9 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
     result["warm"] = {t: summarize_case(warm_runs[t], p["input_len"], warm_len) for t in tiers}
     result["parity"] = parity_comparisons(rounds, tiers, p)
     add_warm_ratios(result["warm"], result["cold"])
+    if capacity_m:
+        # After the rounds, which it leaves as they were: the gate reads only cold, warm and parity.
+        result["capacity"] = measure_capacity(p, client, facts, vocab, capacity_m, on_line=on_line)
     result["requests_sent"] = client.requests_sent
     return result
 

@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 
+from ansible.module_utils.sglang_probe_capacity import capacity_line
 from ansible.module_utils.sglang_probe_client import ProbeError
 
 
@@ -17,7 +18,7 @@ def build_report(result: dict, p: dict) -> dict:
         "url", "input_len", "cold_output_len", "warm_output_len", "seed", "repeats", "temperature",
         "tier", "filler_factor", "max_warm_ttft_s", "max_warm_cold_ratio", "min_cached_fraction",
         "min_host_cached_fraction", "max_regression", "regression_slack_ms", "gate", "parity_tokens",
-        "parity_logprob_tolerance")}
+        "parity_logprob_tolerance", "capacity_max_prefixes", "capacity_timeout_s")}
     return {
         "tool": "sglang_cache_probe",
         "backend": "sglang",
@@ -34,6 +35,7 @@ def build_report(result: dict, p: dict) -> dict:
         "gate": result.get("gate"),
         "parity": result.get("parity"),
         "pools": result.get("pools"),
+        "capacity": result.get("capacity"),
     }
 
 
@@ -76,6 +78,9 @@ def summary_line(result: dict) -> str:
                          f"(ratio {case.get('warm_cold_ratio')}, cached {case.get('median_cached_tokens')}, "
                          f"host {case.get('median_host_cached_tokens')})")
     line = parity_line(result.get("parity"))
+    if line:
+        parts.append(line)
+    line = capacity_line(result.get("capacity"))
     if line:
         parts.append(line)
     gate = result.get("gate") or {}
