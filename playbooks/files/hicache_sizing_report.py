@@ -206,6 +206,7 @@ def build(sweep: Path) -> dict:
         }
         text = sizing.group_vars_text(chosen, plan.get("hicache_args_now") or {}, class_name, evidence)
         (sweep / "group_vars").mkdir(exist_ok=True)
+        os.chmod(sweep / "group_vars", 0o755)  # noqa: S103 - a report directory the operator reads
         _write(sweep / group_vars_rel, text)
         recommendation["group_vars"] = group_vars_rel
     needs = plan["needs"]

@@ -16,8 +16,9 @@ GiB = 1024**3
 
 
 def run(sweep: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), str(SCRIPT), str(sweep)],
-                          capture_output=True, text=True, check=False, timeout=120)
+    """The script under umask 077: the files must come out 0644 all the same."""
+    return subprocess.run(["sh", "-c", 'umask 077; exec "$0" "$@"', str(REPO / ".venv" / "bin" / "python"),
+                           str(SCRIPT), str(sweep)], capture_output=True, text=True, check=False, timeout=120)
 
 
 def make_sweep(tmp_path: Path) -> Path:
@@ -66,6 +67,7 @@ def test_report_files(tmp_path):
     for name in ("report.md", "chart.png", "recommendation.json", "group_vars/ram64g_gfx1100x2.yml"):
         mode = stat.S_IMODE((sweep / name).stat().st_mode)
         assert mode == 0o644, (name, oct(mode))
+    assert stat.S_IMODE((sweep / "group_vars").stat().st_mode) == 0o755
     png = (sweep / "chart.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(png) > 10000
