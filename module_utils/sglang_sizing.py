@@ -54,13 +54,15 @@ class SizingError(ValueError):
 
 
 # --- small helpers ------------------------------------------------------------------------------------
-def _whole(inp: Mapping[str, Any], key: str, minimum: int = 0, required: bool = True) -> int | None:
+def _whole(inp: Mapping[str, Any], key: str, minimum: int = 0) -> int:
     value = inp.get(key)
-    if value is None and not required:
-        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
         raise SizingError(f"{key} must be a whole number >= {minimum}, got {value!r}")
     return int(value)
+
+
+def _whole_or_none(inp: Mapping[str, Any], key: str, minimum: int = 0) -> int | None:
+    return None if inp.get(key) is None else _whole(inp, key, minimum)
 
 
 def _number(value: Any) -> float | None:
@@ -131,14 +133,10 @@ def plan_candidates(inp: Mapping[str, Any]) -> list[dict]:
     mem_total = _whole(inp, "mem_total_bytes", 1)
     available = _whole(inp, "mem_available_bytes", 0)
     reserve = _whole(inp, "reserve_bytes", 0)
-    bound = _whole(inp, "max_candidates", 1, required=False)
-    bpt = _whole(inp, "kv_bytes_per_token", 1, required=False)
-    page = _whole(inp, "page_size", 1, required=False) or 1
+    bound = _whole_or_none(inp, "max_candidates", 1)
+    bpt = _whole_or_none(inp, "kv_bytes_per_token", 1)
+    page = _whole_or_none(inp, "page_size", 1) or 1
     mamba = _number(inp.get("mamba_device_bytes"))
-    assert tp is not None
-    assert mem_total is not None
-    assert available is not None
-    assert reserve is not None
 
     sizes = sorted({int(s) for s in sizes_in})
     fractions = sorted({round(float(f), 4) for f in fractions_in})
@@ -269,8 +267,6 @@ def recommend(results: Sequence[Mapping[str, Any]], needs: Mapping[str, Any]) ->
     margin = _number(needs.get("warm_margin"))
     if margin is None or margin < 0:
         raise SizingError(f"warm_margin must be a number >= 0 (e.g. 0.25), got {needs.get('warm_margin')!r}")
-    assert min_device is not None
-    assert reserve is not None
     reasons: dict[str, str] = {}
     passing: list[Mapping[str, Any]] = []
     for res in results:
@@ -300,8 +296,7 @@ def recommend(results: Sequence[Mapping[str, Any]], needs: Mapping[str, Any]) ->
     admissible = []
     for res in passing:
         warm = float(res["warm_host_ttft_s"])
-        assert best is not None
-        if warm > best * (1 + margin):
+        if best is not None and warm > best * (1 + margin):
             ratio = warm / best if best > 0 else math.inf
             reasons[str(res["id"])] = (
                 f"excluded: warm host TTFT {_ms(warm)} is {ratio:.1f}x the best {_ms(best)}, beyond the margin "
@@ -315,10 +310,9 @@ def recommend(results: Sequence[Mapping[str, Any]], needs: Mapping[str, Any]) ->
     ))
     choice = admissible[0] if admissible else None
     for res in admissible:
-        if res is choice:
+        if choice is None or res is choice:
             reasons[str(res["id"])] = "chosen: " + _describe(res, best)
         else:
-            assert choice is not None
             reasons[str(res["id"])] = (
                 f"admissible, not chosen: {_describe(res, best)} (the choice {choice['id']} holds "
                 f"{int(choice.get('prefixes_held') or 0)}"
@@ -343,8 +337,6 @@ def host_class(facts: Mapping[str, Any]) -> str:
     """
     mem_mb = _whole(facts, "mem_total_mb", 1)
     count = _whole(facts, "gpu_count", 0)
-    assert mem_mb is not None
-    assert count is not None
     gib = mem_mb / 1024
     bucket = min(RAM_BUCKETS_GIB, key=lambda b: abs(math.log(gib / b)))
     if abs(gib - bucket) > bucket * RAM_BUCKET_TOLERANCE:
