@@ -152,8 +152,11 @@ def plan_candidates(inp: Mapping[str, Any]) -> list[dict]:
                     host = host_tokens(bpt, device or 0, page, size)
                 elif device is not None:
                     host = host_tokens(bpt, device, page, size, kv_share=kv_share((device + page) * bpt, mamba))
+            # What one rank requests: a dense model's host pool is whole pages plus one padding page of
+            # KV (base.py: size * size_per_token), a little over --hicache-size; otherwise the GB asked.
+            requested = host * bpt if host is not None and bpt and mamba is None else size * GB
             reasons = []
-            if size * GB > sglang_budget:
+            if requested > sglang_budget:
                 reasons.append(
                     f"SGLang's admission rule: {tp} x {size} GB = {_gb(pool)} pinned, but SGLang admits "
                     f"(MemAvailable {_gb(available)} - its 10 GiB reserve) / {tp} ranks = "

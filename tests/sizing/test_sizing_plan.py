@@ -62,6 +62,20 @@ def test_sglang_rule_boundary_per_rank():
     assert "SGLang's admission rule" in tight["s16-f0.80"]["reason"]
 
 
+def test_sglang_rule_counts_the_padding_page():
+    # A dense model's pool is whole tokens plus one padding token (page 1): 16e9 // 32768 + 1 tokens of
+    # 32,768 B request 16,000,002,048 B per rank, just over the 16 GB the budget above holds.
+    avail = 10 * GiB + 2 * 16 * 10**9
+    cand = plan_candidates(base(sizes_gb=[16], mem_fractions=[0.8], mem_available_bytes=avail,
+                                kv_bytes_per_token=32768))[0]
+    assert cand["host_tokens"] == 16 * 10**9 // 32768 + 1
+    assert cand["status"] == "pruned"
+    assert "SGLang's admission rule" in cand["reason"]
+    roomy = plan_candidates(base(sizes_gb=[16], mem_fractions=[0.8], mem_available_bytes=avail + 2 * 32768,
+                                 kv_bytes_per_token=32768))[0]
+    assert roomy["status"] == "planned"
+
+
 def test_toolkit_reserve_rule_names_the_figures():
     # Plenty available for SGLang, but pools + reserve exceed MemTotal (preflight's ram_findings rule).
     inp = base(sizes_gb=[30, 31], mem_fractions=[0.8], mem_total_bytes=64 * 10**9, mem_available_bytes=200 * GiB)
