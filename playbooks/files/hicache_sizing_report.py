@@ -209,6 +209,8 @@ def build(sweep: Path) -> dict:
         os.chmod(sweep / "group_vars", 0o755)  # noqa: S103 - a report directory the operator reads
         _write(sweep / group_vars_rel, text)
         recommendation["group_vars"] = group_vars_rel
+    elif (sweep / group_vars_rel).exists():
+        (sweep / group_vars_rel).unlink()  # an earlier report's choice must not be committed by mistake
     needs = plan["needs"]
     lines = [
         f"# HiCache sizing: {plan['host']} (class {class_name})",

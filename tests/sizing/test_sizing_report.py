@@ -92,6 +92,8 @@ def test_report_files(tmp_path):
 
 def test_no_admissible_candidate_writes_no_group_vars(tmp_path):
     sweep = make_sweep(tmp_path)
+    assert run(sweep).returncode == 0
+    assert (sweep / "group_vars" / "ram64g_gfx1100x2.yml").is_file()
     for path in (sweep / "results").glob("*.json"):
         data = json.loads(path.read_text())
         data["parity_ok"] = False
@@ -99,7 +101,7 @@ def test_no_admissible_candidate_writes_no_group_vars(tmp_path):
     proc = run(sweep)
     assert proc.returncode == 0, proc.stderr
     assert "recommendation: none admissible" in proc.stdout
-    assert not (sweep / "group_vars").exists()
+    assert not (sweep / "group_vars" / "ram64g_gfx1100x2.yml").exists()  # the earlier run's file is gone
     assert "No candidate is admissible" in (sweep / "report.md").read_text()
     assert (sweep / "chart.png").read_bytes()[:4] == b"\x89PNG"
 
