@@ -37,7 +37,7 @@ scenarios=("$@")
 # ones that are really longer.
 declare -A expected=(
   [rollout]=1450 [rollout_gate]=1250 [rollout_ops]=1000 [sglang_service]=500 [sglang_venv]=400 [ab_benchmark]=350
-  [preflight]=300 [monitoring]=250 [rocm]=150 [models]=70 [first_host]=200 [rocm_amd]=60 [capture]=480
+  [hicache_sizing]=700 [preflight]=300 [monitoring]=250 [rocm]=150 [models]=70 [first_host]=200 [rocm_amd]=60 [capture]=480
 )
 times_file="$logs/scenario-times"
 if [ -f "$times_file" ]; then

@@ -15,6 +15,7 @@ tests/sizing/); these filters only shape the playbook's data for it and its resu
 - ``hicache_sizing_probe_figures(probe, candidate, host, mem_available)``: a candidate's result keys from
   the probe's result and MemAvailable with it running.
 - ``hicache_sizing_progress(done, total, times, bound_s, last_id, last_status)``: the progress line.
+- ``hicache_sizing_error(message)``: a failed candidate's error, short: what failed and what SGLang said.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def _fraction_text(value: Any) -> str:
 
 def plan(host: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
     """plan.json (module_utils/sglang_sizing.py describes it) with each planned candidate's flags
-    (`args`) and its prefix bound (`capacity_max_prefixes`: the predicted prefixes + 2, at most
-    hicache_sizing_max_prefixes)."""
+    (`args`) and its prefix bound (`capacity_max_prefixes`: the prefixes the larger pool holds + 2, at
+    most hicache_sizing_max_prefixes)."""
     fractions = list(settings.get("mem_fractions") or [])
     if not fractions:
         if not _fraction(host.get("mem_fraction_now")):
@@ -172,7 +173,10 @@ def plan(host: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]
             # moves a little with the candidate's --mem-fraction-static).
             share = sizing.kv_share((device_now + page) * bpt, mamba) if mamba else 1.0
             predicted = sizing.host_tokens(bpt, device_now, page, cand["size_gb"], kv_share=share)
-        cand["capacity_max_prefixes"] = min(bound, predicted // input_len + 2) if predicted else bound
+        # The cache holds what either pool holds (a small host pool: the GPU's), so the fill passes the
+        # larger one by two prefixes (module_utils/sglang_probe_capacity.py counts both tiers).
+        largest = max(predicted or 0, device_now or 0, cand.get("device_tokens") or 0)
+        cand["capacity_max_prefixes"] = min(bound, largest // input_len + 2) if largest else bound
     return {
         "host": host["host"],
         "release_id": host["release_id"],
@@ -273,6 +277,17 @@ def probe_figures(probe: Mapping[str, Any], candidate: Mapping[str, Any], host: 
     }
 
 
+def error_text(message: Any, limit: int = 600) -> str:
+    """A failed candidate's error as the table shows it: the failure's first line, then the last lines of
+    the journal that name an error (a traceback's last line: what SGLang said), within `limit`."""
+    lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+    if not lines:
+        return "no detail"
+    said = [line for line in lines[1:] if any(k in line for k in ("Error", "error:", "Exception", "Not enough"))]
+    text = lines[0] if not said else f"{lines[0]} ... {said[-1]}"
+    return text if len(text) <= limit else text[: limit // 2] + " ... " + text[-(limit // 2):]
+
+
 def progress(done: Any, total: Any, times: Sequence[float], bound_s: Any, last_id: str = "",
              last_status: str = "") -> str:
     return sizing.progress_line(int(done), int(total), [float(t) for t in times or []], float(bound_s or 0),
@@ -290,4 +305,5 @@ class FilterModule:
             "hicache_sizing_plan_lines": plan_lines,
             "hicache_sizing_probe_figures": probe_figures,
             "hicache_sizing_progress": progress,
+            "hicache_sizing_error": error_text,
         }

@@ -1,0 +1,156 @@
+"""Verify playbooks/hicache_sizing.yml on two hosts site.yml deployed, behind a real router: what the
+sweeps wrote on the controller, what they said, and the hosts the rollout of their group_vars files left.
+
+The SIMULATOR plays the GPU server; sizing-1's was told 48 GB of RAM, sizing-2's 256 GB. The side effect
+ran a check-mode sweep, a sweep of each host, a sweep of sizing-2 killed midway and resumed, then
+site.yml with each class's group_vars file (outputs in the ephemeral directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import urllib.request
+from pathlib import Path
+
+import pytest
+import testinfra.utils.ansible_runner
+import yaml
+
+inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
+
+PROJECT = Path(__file__).resolve().parents[3]
+REPORTS = PROJECT / ".cache" / "hicache-sizing-reports"
+EPHEMERAL = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY") or Path(inventory).resolve().parents[1])
+ROUTER = "http://127.0.28.250:30100"
+ADDRESS = {"sizing-1": "127.0.28.1", "sizing-2": "127.0.28.2"}
+RAM_GB = {"sizing-1": 48, "sizing-2": 256}
+TP = 2
+RESERVE_GB = 4  # inventories/demo preflight_memory_reserve_gb
+SGLANG_RESERVE = 10 * 1024**3  # SGLang 0.5.23's own host-memory reserve
+
+
+def sweep_dir(reports: Path, host: str) -> Path:
+    found = sorted(reports.glob(f"{host}-*"))
+    assert len(found) == 1, f"expected one sweep of {host} in {reports}, found {found}"
+    return found[0]
+
+
+def recommendation(reports: Path, host: str) -> dict:
+    return json.loads((sweep_dir(reports, host) / "recommendation.json").read_text())
+
+
+def results(reports: Path, host: str) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (sweep_dir(reports, host) / "results").glob("*.json")}
+
+
+def log(name: str) -> str:
+    return (EPHEMERAL / f"{name}.log").read_text()
+
+
+def chosen(host: str) -> dict:
+    rec = recommendation(REPORTS, host)
+    return results(REPORTS, host)[rec["choice"]]
+
+
+def test_check_mode_printed_the_plan_only():
+    out = log("sweep-check")
+    assert re.search(r"s8-f0\.80: --hicache-size 8 --mem-fraction-static 0\.80: to measure", out), out[-3000:]
+    # The 48 GB host cannot admit 2 x 24 GB: pruned, by SGLang's rule, before any start.
+    assert re.search(r"s24-f0\.80: .*pruned: SGLang's admission rule", out), out[-3000:]
+    assert "start it (the real unit stops" not in out
+
+
+@pytest.mark.parametrize("host", ["sizing-1", "sizing-2"])
+def test_each_sweep_wrote_its_table_chart_and_group_vars(host):
+    sweep = sweep_dir(REPORTS, host)
+    report = (sweep / "report.md").read_text()
+    rec = recommendation(REPORTS, host)
+    assert rec["choice"], rec
+    assert rec["choice"] in report
+    png = (sweep / "chart.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24])[0] >= 600
+    group_vars = sweep / rec["group_vars"]
+    data = yaml.safe_load(group_vars.read_text())
+    chosen_result = results(REPORTS, host)[rec["choice"]]
+    assert data["sglang_service_hicache_args"]["--hicache-size"] == chosen_result["size_gb"]
+    assert data["sglang_service_args"]["--mem-fraction-static"] == f"{chosen_result['mem_fraction']:.2f}"
+    # Every measured candidate is in the table.
+    for cid in results(REPORTS, host):
+        assert cid in report, (cid, report)
+
+
+def test_the_two_classes_get_different_sizes_each_within_its_ram():
+    sizes = {}
+    for host in ("sizing-1", "sizing-2"):
+        result = chosen(host)
+        pinned = result["size_gb"] * 1e9 * TP
+        assert pinned + RESERVE_GB * 1e9 <= RAM_GB[host] * 1e9, (host, result)
+        assert pinned <= RAM_GB[host] * 1e9 - SGLANG_RESERVE, (host, result)
+        assert result["status"] == "ok", result
+        assert result["parity_ok"] is True, result
+        sizes[host] = result["size_gb"]
+    assert sizes["sizing-2"] > sizes["sizing-1"], sizes
+    assert recommendation(REPORTS, "sizing-1")["class"] != recommendation(REPORTS, "sizing-2")["class"]
+
+
+def test_more_host_ram_holds_more_prefixes_measured_not_computed():
+    held = {host: chosen(host)["prefixes_held"] for host in ("sizing-1", "sizing-2")}
+    assert held["sizing-2"] > held["sizing-1"] >= 1, held
+    # Measured against the pool the server reported (one more at most: the oldest prefix may keep
+    # enough of its pages to count).
+    for host in ("sizing-1", "sizing-2"):
+        result = chosen(host)
+        if not result["prefixes_bound_reached"]:
+            fits = result["host_tokens"] // result["prefix_len"]
+            assert fits <= result["prefixes_held"] <= fits + 1, result
+
+
+def test_a_candidate_that_fails_to_start_is_recorded_and_the_sweep_went_on():
+    found = results(REPORTS, "sizing-1")
+    failed = {cid: r for cid, r in found.items() if r["status"] == "failed_start"}
+    assert set(failed) == {"s8-f0.50", "s16-f0.50"}, {cid: r["status"] for cid, r in found.items()}
+    for result in failed.values():
+        assert "Not enough memory" in result["error"], result["error"][:500]
+    ok = {cid for cid, r in found.items() if r["status"] == "ok"}
+    assert ok == {"s8-f0.80", "s8-f0.85", "s16-f0.80", "s16-f0.85"}
+
+
+def test_the_killed_sweep_resumed_and_recommends_what_the_whole_one_did():
+    killed = Path(f"{REPORTS}-killed")
+    whole = Path(f"{REPORTS}-whole")
+    assert recommendation(killed, "sizing-2")["choice"] == recommendation(whole, "sizing-2")["choice"]
+    assert set(results(killed, "sizing-2")) == set(results(whole, "sizing-2"))
+    out = log("sweep-resumed")
+    assert "measured before (kept: this run resumes)" in out, out[-3000:]
+    orphan = log("orphan")
+    # After the kill systemd ended the candidate at its RuntimeMaxSec and started the real unit.
+    assert re.search(r"after: ActiveState=failed Result=timeout", orphan), orphan
+
+
+def test_the_rollout_of_the_group_vars_passed_the_gate():
+    out = log("rollout-classes")
+    assert re.search(r"sizing-1\s*: ok=\d+ .*failed=0", out), out[-3000:]
+    assert re.search(r"sizing-2\s*: ok=\d+ .*failed=0", out), out[-3000:]
+
+
+def test_each_host_runs_its_class_size_and_no_candidate_unit(host):
+    name = host.backend.get_hostname()
+    result = chosen(name)
+    unit = host.file("/etc/systemd/system/sglang-main.service").content_string
+    assert re.search(rf"--hicache-size {result['size_gb']}\b", unit), unit
+    assert f"--mem-fraction-static {result['mem_fraction']:.2f}" in unit, unit
+    assert host.service("sglang-main.service").is_running
+    assert not host.file("/run/systemd/system/sglang-main-sizing.service").exists
+
+
+def test_both_hosts_are_in_the_router():
+    with urllib.request.urlopen(f"{ROUTER}/workers", timeout=10) as response:
+        workers = json.load(response)
+    urls = {w["url"] for w in workers["workers"]}
+    for address in ADDRESS.values():
+        assert f"http://{address}:30004" in urls, workers
