@@ -120,12 +120,14 @@ def test_router_moves_are_listed_per_host(tmp_path):
     assert "demo-1" not in section
 
 
-def three_host_run(tmp_path: Path, outcome: dict | None) -> tuple[str, dict]:
+def three_host_run(tmp_path: Path, outcome: dict | None, paused: dict | None = None) -> tuple[str, dict]:
     """demo-1 passed; demo-2 wrote no record; demo-3 never started. Returns rollout.md, .json."""
     write_run(tmp_path, [{"host": "demo-1", "verdict": "passed", "config_hash": "a" * 64, "probe": probe(1900, 20)}])
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r3", "hosts": ["demo-1", "demo-2", "demo-3"]}))
     if outcome is not None:
         (tmp_path / "outcome.json").write_text(json.dumps(outcome))
+    if paused is not None:
+        (tmp_path / "paused.json").write_text(json.dumps(paused))
     assert fleet_report.main(["rollout", str(tmp_path)]) == 0
     return (tmp_path / "rollout.md").read_text(), json.loads((tmp_path / "rollout.json").read_text())
 
@@ -221,3 +223,19 @@ def test_ab_table_escapes_the_model_and_case_names(tmp_path):
     row = next(line for line in table.splitlines() if line.startswith("| boom"))
     assert "[link](" not in row
     assert "m']" in table  # the model's backtick cannot end its code span
+
+
+def test_a_paused_run_says_paused_names_the_hosts_left_and_the_command(tmp_path):
+    command = "ansible-playbook -i inventories/demo /p/site.yml -e rollout_continue=r1"
+    paused = {"run_id": "r1", "after_batch": 1, "pause_after": "canary", "passed": ["demo-1"],
+              "left": ["demo-2", "demo-3"], "releases": {}, "command": command}
+    md, report = three_host_run(tmp_path, {"hosts": {}}, paused)
+    assert ("verdict: **paused after batch 1 (rollout_pause_after=canary): not started: demo-2, demo-3; "
+            f"continue with: {command}**") in md
+    assert "| demo-2 | paused: not started |" in md
+    assert "halted" not in md
+    assert report["run"]["not_reached"] == []
+    # A pause does not hide a failure: a host that failed before the pause halts the run.
+    failed = {"hosts": {"demo-2": {"failed": True, "task": "Gate", "msg": "boom"}}}
+    md, _ = three_host_run(tmp_path / "again", failed, paused)
+    assert "verdict: **halted" in md

@@ -732,9 +732,10 @@ def probe_pool_findings(plan: Sequence[Mapping[str, Any]], probe: Mapping[str, A
 
 # --- rollout settings ---------------------------------------------------------------------------------
 def rollout_findings(settings: Mapping[str, Any]) -> list[str]:
-    """rollout_batches, the probe's numbers and the venv package set.
+    """rollout_batches, the probe's numbers, the pause and continuation, and the venv package set.
 
-    settings: batches, probe {name: value} (positive numbers expected), package_set, package_sets.
+    settings: batches, probe {name: value} (positive numbers expected), pause_after, continue, package_set,
+    package_sets.
     """
     found: list[str] = []
     batches = settings.get("batches")
@@ -760,6 +761,19 @@ def rollout_findings(settings: Mapping[str, Any]) -> list[str]:
             number = None
         if number is None or number <= 0 or isinstance(value, bool):
             found.append(f"{name} = {value!r} is not a positive number; set it to one (see roles/rollout/defaults).")
+    pause = settings.get("pause_after", "")
+    pause_n = _whole(pause)
+    if pause not in ("", None, "canary") and (pause_n is None or pause_n < 1 or isinstance(pause, bool)):
+        found.append(
+            f"rollout_pause_after = {pause!r} is not a batch; use '' (no pause), 'canary' (after the first batch) or a "
+            "batch number >= 1."
+        )
+    cont = settings.get("continue", "")
+    if cont not in ("", None) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(cont)):
+        found.append(
+            f"rollout_continue = {cont!r} is not a run id; give the id the paused run's report names (its directory "
+            "name under rollout_report_dir)."
+        )
     package_set, package_sets = settings.get("package_set"), settings.get("package_sets")
     if package_sets is not None and package_set not in package_sets:
         found.append(

@@ -260,11 +260,14 @@ def _ended_early(host: str, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def rollout_outcome(
-    run: dict[str, Any], records: list[dict[str, Any]], outcome: dict[str, Any] | None
+    run: dict[str, Any], records: list[dict[str, Any]], outcome: dict[str, Any] | None,
+    paused: dict[str, Any] | None = None,
 ) -> tuple[str, list[dict[str, Any]], list[str]]:
     """The run's verdict, the records of hosts that wrote none (failed or unreachable before their
     report), and the hosts the run never reached. Without an outcome (the run has not ended, or
-    ended without the callback), hosts still missing are "not reached yet" and the run in progress."""
+    ended without the callback), hosts still missing are "not reached yet" and the run in progress.
+    A run paused for a person (paused.json, roles/rollout tasks/pause.yml) that stopped nowhere else
+    is "paused", with the hosts left and the command that continues."""
     states = (outcome or {}).get("hosts") or {}
     reported = {r.get("host") for r in records}
     missing = [h for h in run.get("hosts") or [] if h not in reported]
@@ -292,8 +295,16 @@ def rollout_outcome(
         for r in records
         if (states.get(r.get("host")) or {}).get("unreachable") and r.get("verdict") not in what
     ]
+    left = [h for h in (paused or {}).get("left") or [] if h in not_reached]
     if run.get("check_mode") in (True, "True", "true"):
         verdict = "check mode: nothing was restarted, probed or validated"
+    elif paused and not stops and left:
+        verdict = (
+            f"paused after batch {paused.get('after_batch', '?')} "
+            f"(rollout_pause_after={paused.get('pause_after', '?')}): "
+            f"not started: {', '.join(left)}; continue with: {paused.get('command', '?')}"
+        )
+        not_reached = [h for h in not_reached if h not in left]
     elif stops or (outcome is not None and not_reached):
         verdict = "halted: " + "; ".join(stops or ["the run ended early"])
         if not_reached:
@@ -346,11 +357,17 @@ def cmd_rollout(run_dir: Path) -> int:
         run["lock"] = {key: value for key, value in run["lock"].items() if key in LOCK_FIELDS}
     outcome_path = run_dir / "outcome.json"
     outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else None
-    run["verdict"], ended, not_reached = rollout_outcome(run, records, outcome)
+    paused_path = run_dir / "paused.json"
+    paused = json.loads(paused_path.read_text()) if paused_path.exists() else None
+    run["verdict"], ended, not_reached = rollout_outcome(run, records, outcome, paused)
     run["not_reached"] = not_reached
+    run["paused"] = paused
+    waiting = [h for h in (paused or {}).get("left") or [] if h not in {r.get("host") for r in [*records, *ended]}
+               and h not in not_reached] if run["verdict"].startswith("paused") else []
     order = {host: index for index, host in enumerate(run.get("hosts") or [])}
     table = sorted(
-        [*records, *ended, *({"host": h, "verdict": "not reached", "probe": {}} for h in not_reached)],
+        [*records, *ended, *({"host": h, "verdict": "not reached", "probe": {}} for h in not_reached),
+         *({"host": h, "verdict": "paused: not started", "probe": {}} for h in waiting)],
         key=lambda r: order.get(r.get("host"), r.get("order", 0)),
     )
     rows = [host_row(r) for r in table]
