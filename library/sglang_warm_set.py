@@ -23,7 +23,7 @@ description:
     result lists the file with its error, C(warnings) says it, and C(failed) is false. Only bad options
     fail it, before anything is sent: a file that cannot be read or parsed, O(max_new_tokens) below 1,
     a timeout not above 0, a bad O(url).
-  - C(changed) is false: filling a cache is not a change the operator has to act on.
+  - C(changed) is false, as filling a cache is not a change the operator has to act on.
 version_added: "0.1.0"
 author: hicache-fleet maintainers (!UNKNOWN)
 options:
@@ -86,7 +86,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 msg:
-  description: One line, e.g. C(warmed 2 of 2 files: 41000 tokens (0 already cached) in 12.5 s).
+  description: "One line, e.g. C(warmed 2 of 2 files: 41000 tokens (0 already cached) in 12.5 s)."
   returned: always
   type: str
 plan:

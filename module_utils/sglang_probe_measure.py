@@ -122,9 +122,9 @@ def validate_params(p: dict) -> list[str]:
         errors.append(f"max_regression must be >= 0 (got {p['max_regression']}).")
     if p.get("regression_slack_ms") is not None and p["regression_slack_ms"] < 0:
         errors.append(f"regression_slack_ms must be >= 0 (got {p['regression_slack_ms']}).")
-    if p.get("storage_write_wait_s") is not None and not (p["storage_write_wait_s"] >= 0
-                                                           and math.isfinite(p["storage_write_wait_s"])):
-        errors.append(f"storage_write_wait_s must be a number of seconds >= 0 (got {p['storage_write_wait_s']}).")
+    wait = p.get("storage_write_wait_s")
+    if wait is not None and not (wait >= 0 and math.isfinite(wait)):
+        errors.append(f"storage_write_wait_s must be a number of seconds >= 0 (got {wait}).")
     if p.get("min_restart_storage_fraction") is not None and not p.get("storage_reread_first"):
         errors.append("min_restart_storage_fraction gates the re-read of storage_reread_first, which is off: set "
                       "storage_reread_first true, or leave min_restart_storage_fraction unset.")

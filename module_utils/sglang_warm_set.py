@@ -17,7 +17,7 @@ ARGUMENT_SPEC = {
     "url": {"type": "str", "default": "http://127.0.0.1:30000"},
     "api_key": {"type": "str", "no_log": True},
     "files": {"type": "list", "elements": "path", "required": True},
-    "max_new_tokens": {"type": "int", "default": 1},
+    "max_new_tokens": {"type": "int", "default": 1, "no_log": False},  # a count of output tokens, no secret
     "request_timeout": {"type": "float", "default": 900.0},
     "total_timeout": {"type": "float", "default": 3600.0},
 }
