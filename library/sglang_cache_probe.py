@@ -88,8 +88,19 @@ options:
       - C(device) re-sends the prefix right away (GPU radix cache hit).
       - C(host) evicts the prefix from the GPU with filler requests first (HiCache host tier hit).
       - C(both) measures both, device first.
+      - >-
+        C(storage) (issue 27): after the other reads of the round, waits O(storage_write_wait_s), sends
+        C(POST /flush_cache) (SGLang 0.5.23 clears GPU and host memory, not the storage tier) and re-sends
+        the prefix; the hit must show under C(meta_info.cached_tokens_details.storage). Measured only when
+        the server runs with a storage backend (C(hicache_storage_backend) in C(/get_server_info)); tier
+        C(storage) alone on a server without one fails the gate.
+      - C(all) measures device, host and storage (storage only when the server has a storage backend).
+      - >-
+        With a storage backend, each round reads a prompt of its own (the seed, a nonce of this run and
+        the round number): C(/flush_cache) leaves the storage tier, so the seeded prompt of an earlier run
+        would come back from it and no read would be cold.
     type: str
-    choices: [device, host, both]
+    choices: [device, host, storage, both, all]
     default: both
   vocab_size:
     description:
@@ -140,6 +151,33 @@ options:
     description: Gate for tier C(host), the same rule applied to C(cached_tokens_details.host).
     type: float
     default: 0.8
+  min_storage_cached_fraction:
+    description: Gate for tier C(storage), the same rule applied to C(cached_tokens_details.storage).
+    type: float
+    default: 0.8
+  storage_write_wait_s:
+    description:
+      - >-
+        Seconds to wait before the flush of tier C(storage), so the write-back of the prefix to the
+        storage tier (asynchronous in SGLang) has finished.
+    type: float
+    default: 2.0
+  storage_reread_first:
+    description:
+      - >-
+        Before round 1 (and before any flush), re-send the seeded prompt (O(seed), the one every run with
+        this seed and O(input_len) reads back; the rounds read their own prompts) once and report in
+        C(restart_hit) how much of it came back from storage: after a restart that kept the storage
+        directory, the prefix the previous run wrote. Only with a storage backend.
+    type: bool
+    default: false
+  min_restart_storage_fraction:
+    description:
+      - >-
+        Gate on the re-read of O(storage_reread_first): its storage-cached tokens must be at least this
+        fraction of O(input_len) (whole pages). Unset means not checked; set it only when the cache
+        identity did not change since the previous run (a new identity has an empty storage directory).
+    type: float
   baseline:
     description:
       - >-
@@ -377,7 +415,8 @@ cold:
     runs: {description: per-run figures, type: list}
 warm:
   description: >-
-    One case per measured tier (device, host) with the same keys as cold, plus warm_cold_ratio
+    One case per measured tier (device, host, storage) with the same keys as cold (and
+    median_storage_cached_tokens, storage_cached_fraction), plus warm_cold_ratio
     (median warm TTFT / median cold TTFT) and speedup (its inverse).
   returned: success or gate failure
   type: dict
@@ -435,6 +474,18 @@ capacity:
       prefix number that did not come back, or None), fill_max_cached, stopped (None or C(timeout)),
       note, elapsed_s.
   returned: when capacity_max_prefixes is not 0 and the rounds ran
+  type: dict
+storage:
+  description: >-
+    The storage tier: backend (the server's hicache_storage_backend or None), measured, note (why it was
+    not), round_prompts (how each round's prompt was seeded when it has a backend).
+  returned: when tier is storage or all, storage_reread_first is set, or the server has a storage backend
+  type: dict
+restart_hit:
+  description: >-
+    The re-read of O(storage_reread_first): prompt_tokens, cached_tokens, device_cached_tokens,
+    host_cached_tokens, storage_cached_tokens, storage_cached_fraction, ttft_ms.
+  returned: when storage_reread_first is set and the server has a storage backend
   type: dict
 lock_waited_s:
   description: Seconds spent waiting for O(lock_path).

@@ -152,6 +152,16 @@ def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
                   f"warm (host) host-cached tokens {got} < {need} required (min_host_cached_fraction "
                   f"{p['min_host_cached_fraction']:g} of input_len {input_len}){hint}")
 
+        if tier == "storage" and p.get("min_storage_cached_fraction") is not None:
+            need = required_cached_tokens(p["min_storage_cached_fraction"], input_len, page)
+            got = case.get("median_storage_cached_tokens") or 0
+            check("storage.min_storage_cached_fraction", got >= need, got, need,
+                  f"warm (storage) storage-cached tokens {got} < {need} required (min_storage_cached_fraction "
+                  f"{p['min_storage_cached_fraction']:g} of input_len {input_len}); the "
+                  f"{server.get('hicache_storage_backend')} storage tier did not give the prefix back after "
+                  "/flush_cache (not written yet: raise storage_write_wait_s; or its size limit evicted it)")
+    checks.extend(storage_checks(result, p, page))
+
     compared = None
     if baseline is not None:
         compared = comparable_baseline(baseline, input_len)
@@ -179,6 +189,34 @@ def evaluate_gate(result: dict, p: dict, baseline: dict | None = None) -> dict:
     if compared is not None:
         gate["baseline"] = compared
     return gate
+
+
+def storage_checks(result: dict, p: dict, page: int) -> list[dict]:
+    """Issue 27 item 2: tier storage asked alone of a server without a storage backend fails (tier all
+    then measures device and host only); min_restart_storage_fraction gates the restart re-read."""
+    checks = []
+    storage = result.get("storage") or {}
+    if p.get("tier") == "storage" and storage and not storage.get("measured"):
+        checks.append({"name": "storage.backend", "passed": False, "value": storage.get("backend"), "limit": None,
+                       "reason": "tier storage was asked, but the server runs without --hicache-storage-backend "
+                                 "(no hicache_storage_backend in /get_server_info): turn the storage tier on, or "
+                                 "probe tier all (which then measures device and host only)"})
+    need_fraction = p.get("min_restart_storage_fraction")
+    if need_fraction is not None and storage:
+        hit = result.get("restart_hit")
+        need = required_cached_tokens(need_fraction, p["input_len"], page)
+        got = hit.get("storage_cached_tokens") if isinstance(hit, dict) else None
+        if got is None:
+            reason = ("the restart re-read was not sent: the server runs without a storage backend, so nothing it "
+                      "served before the restart can come back from storage")
+        else:
+            reason = (f"restart re-read: {got} tokens came back from storage < {need} required "
+                      f"(min_restart_storage_fraction {need_fraction:g} of input_len {p['input_len']}): the prefix "
+                      "served before the restart did not survive it (storage directory changed or emptied, or "
+                      "the previous run did not read the seed prompt)")
+        checks.append({"name": "restart.min_restart_storage_fraction", "passed": got is not None and got >= need,
+                       "value": got, "limit": need, "reason": None if got is not None and got >= need else reason})
+    return checks
 
 
 # ---------------------------------------------------------------------------------------------------

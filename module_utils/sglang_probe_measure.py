@@ -34,6 +34,7 @@ from ansible.module_utils.sglang_probe_gate import compare_outputs, summarize_pa
 
 DEFAULT_VOCAB_SIZE = 32000
 TIERS = ("device", "host")
+ALL_TIERS = ("device", "host", "storage")
 MAX_FILLERS = 512
 # The probe prompt is one seeded random block of this many ids, repeated to input_len: a language
 # model copies a block it has seen, so its greedy next tokens are near-certain (answer parity).
@@ -61,7 +62,7 @@ ARGUMENT_SPEC = {
     "seed": {"type": "int", "default": 42},
     "repeats": {"type": "int", "default": 3},
     "temperature": {"type": "float", "default": 0.0},
-    "tier": {"type": "str", "default": "both", "choices": ["device", "host", "both"]},
+    "tier": {"type": "str", "default": "both", "choices": ["device", "host", "storage", "both", "all"]},
     "vocab_size": {"type": "int"},
     "filler_factor": {"type": "float", "default": 1.0},
     "ready_timeout": {"type": "float", "default": 900.0},
@@ -71,6 +72,10 @@ ARGUMENT_SPEC = {
     "max_warm_cold_ratio": {"type": "float", "default": 0.2},
     "min_cached_fraction": {"type": "float", "default": 0.9},
     "min_host_cached_fraction": {"type": "float", "default": 0.8},
+    "min_storage_cached_fraction": {"type": "float", "default": 0.8},
+    "storage_write_wait_s": {"type": "float", "default": 2.0},
+    "storage_reread_first": {"type": "bool", "default": False},
+    "min_restart_storage_fraction": {"type": "float"},
     "baseline": {"type": "raw"},
     "max_regression": {"type": "float", "default": 0.25},
     "regression_slack_ms": {"type": "float", "default": 0.0},
@@ -106,7 +111,8 @@ def validate_params(p: dict) -> list[str]:
             f"max_warm_cold_ratio must be greater than 0 (got {p['max_warm_cold_ratio']}); a warm "
             "request cannot take less than no time. Use e.g. 0.2 (warm at most a fifth of cold)."
         )
-    for name in ("min_cached_fraction", "min_host_cached_fraction"):
+    for name in ("min_cached_fraction", "min_host_cached_fraction", "min_storage_cached_fraction",
+                 "min_restart_storage_fraction"):
         value = p.get(name)
         if value is not None and not 0 <= value <= 1:
             errors.append(
@@ -116,6 +122,12 @@ def validate_params(p: dict) -> list[str]:
         errors.append(f"max_regression must be >= 0 (got {p['max_regression']}).")
     if p.get("regression_slack_ms") is not None and p["regression_slack_ms"] < 0:
         errors.append(f"regression_slack_ms must be >= 0 (got {p['regression_slack_ms']}).")
+    wait = p.get("storage_write_wait_s")
+    if wait is not None and not (wait >= 0 and math.isfinite(wait)):
+        errors.append(f"storage_write_wait_s must be a number of seconds >= 0 (got {wait}).")
+    if p.get("min_restart_storage_fraction") is not None and not p.get("storage_reread_first"):
+        errors.append("min_restart_storage_fraction gates the re-read of storage_reread_first, which is off: set "
+                      "storage_reread_first true, or leave min_restart_storage_fraction unset.")
     errors.extend(validate_parity_params(p))
     errors.extend(validate_capacity_params(p))
     return errors
@@ -161,7 +173,12 @@ def parity_comparisons(rounds: list[dict], tiers: list[str], p: dict) -> dict:
 
 
 def tiers_of(tier: str) -> list[str]:
-    return list(TIERS) if tier == "both" else [tier]
+    """The tiers an option value names: both = device and host, all = device, host and storage."""
+    if tier == "both":
+        return list(TIERS)
+    if tier == "all":
+        return list(ALL_TIERS)
+    return [tier]
 
 
 def filler_lengths(
@@ -208,6 +225,13 @@ def plan_steps(p: dict) -> list[str]:
             "requests of other random ids -> 1 token each"
         )
         rnd.append(f"warm host: the same {p['input_len']} ids -> {parity_output_lens(p)[1]} tokens")
+    if "storage" in tiers:
+        rnd.append(f"storage (only when the server reports hicache_storage_backend): wait "
+                   f"{p.get('storage_write_wait_s') or 0:g} s, POST /flush_cache (clears GPU and host memory, "
+                   f"not the storage tier), then the same {p['input_len']} ids -> {parity_output_lens(p)[1]} tokens")
+    if p.get("storage_reread_first"):
+        steps.append(f"restart re-read (only with a storage backend): the seed {p['seed']} prompt of "
+                     f"{p['input_len']} ids, no flush first -> {parity_output_lens(p)[1]} tokens")
     for i in range(p["repeats"]):
         steps.extend(f"round {i + 1}: {s}" for s in rnd)
     if p.get("parity_tokens"):
@@ -257,6 +281,8 @@ def extract_server_facts(server_info: dict, model_info: dict) -> dict:
         "enable_hierarchical_cache": bool(server_info.get("enable_hierarchical_cache")),
         "enable_cache_report": server_info.get("enable_cache_report"),
         "hicache_args": hicache_args,
+        # The L3 tier (--hicache-storage-backend, e.g. file): None when the server runs without one.
+        "hicache_storage_backend": shown(server_info.get("hicache_storage_backend")) or None,
         "vocab_size_reported": model_info.get("vocab_size") or server_info.get("vocab_size"),
     }
 
@@ -305,12 +331,14 @@ def summarize_case(runs: list[dict], input_len: int, output_len: int) -> dict:
     ]
     cached = [r["cached_tokens"] for r in runs]
     hosts = [r["host_cached_tokens"] for r in runs]
+    stored = [r.get("storage_cached_tokens") or 0 for r in runs]
     devices = [r["device_cached_tokens"] for r in runs]
     storage = sum(r.get("storage_cached_tokens") or 0 for r in runs)
     total_prompt = sum(prompts)
     total_cached = sum(cached)
     med_cached = median(cached)
     med_host = median(hosts)
+    med_storage = median(stored)
     return {
         "completed": len(runs),
         "random_input_len": input_len,
@@ -328,8 +356,10 @@ def summarize_case(runs: list[dict], input_len: int, output_len: int) -> dict:
         "median_cached_tokens": None if med_cached is None else int(med_cached),
         "median_device_cached_tokens": None if not devices else int(median(devices)),
         "median_host_cached_tokens": None if med_host is None else int(med_host),
+        "median_storage_cached_tokens": None if med_storage is None else int(med_storage),
         "cached_fraction": None if med_cached is None else _r(med_cached / input_len, 4),
         "host_cached_fraction": None if med_host is None else _r(med_host / input_len, 4),
+        "storage_cached_fraction": None if med_storage is None else _r(med_storage / input_len, 4),
         "cache_report": {
             "total_prompt_tokens": total_prompt,
             "total_cached_tokens": total_cached,
@@ -347,6 +377,7 @@ def summarize_case(runs: list[dict], input_len: int, output_len: int) -> dict:
                 "cached_tokens": r["cached_tokens"],
                 "device_cached_tokens": r["device_cached_tokens"],
                 "host_cached_tokens": r["host_cached_tokens"],
+                "storage_cached_tokens": r.get("storage_cached_tokens") or 0,
             }
             for r in runs
         ],
@@ -418,6 +449,14 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
     # pool fails before the cache is flushed.
     capacity_m = resolve_capacity_prefixes(p, result["pools"], facts)
     tiers = tiers_of(p["tier"])
+    backend = facts.get("hicache_storage_backend")
+    if "storage" in tiers or p.get("storage_reread_first"):
+        result["storage"] = {"backend": backend, "measured": bool(backend and "storage" in tiers), "note": None}
+        if not backend:
+            result["storage"]["note"] = ("the server runs without a storage backend (no hicache_storage_backend in "
+                                         "/get_server_info): the storage tier was not measured")
+    if not backend:
+        tiers = [t for t in tiers if t != "storage"]
     fillers: list[int] = []
     if "host" in tiers:
         fillers = filler_lengths(facts.get("max_total_num_tokens") or 0, p["input_len"], p["filler_factor"],
@@ -439,12 +478,23 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
             if p.get("gate", True):
                 return result
 
-    ids = repeated_block_ids(p["input_len"], vocab, p["seed"], PROMPT_BLOCK_LEN)
     cold_len, warm_len = parity_output_lens(p)
     logprobs = bool(p.get("parity_tokens"))
-    cold_body = generate_body(ids, cold_len, p["temperature"], return_logprob=logprobs)
-    warm_body = generate_body(ids, warm_len, p["temperature"], return_logprob=logprobs)
-    del ids
+    # /flush_cache leaves the storage tier (SGLang 0.5.23 flushes GPU and host memory only), so with a
+    # storage backend the seeded prompt may come back from storage: each round then reads a prompt of
+    # its own (the seed, a nonce of this run and the round), which no earlier run wrote. The seeded
+    # prompt itself is what storage_reread_first reads back: it is the same in every run.
+    nonce = os.urandom(6).hex() if backend else None
+    if nonce:
+        result["storage"] = dict(result.get("storage") or {"backend": backend, "measured": False, "note": None},
+                                 round_prompts=f"seed {p['seed']}, run nonce {nonce}, round number")
+
+    def bodies(seed: object) -> tuple[bytes, bytes]:
+        ids = repeated_block_ids(p["input_len"], vocab, seed, PROMPT_BLOCK_LEN)
+        return (generate_body(ids, cold_len, p["temperature"], return_logprob=logprobs),
+                generate_body(ids, warm_len, p["temperature"], return_logprob=logprobs))
+
+    cold_body, warm_body = bodies(p["seed"])
 
     def timed(body: bytes) -> dict:
         try:
@@ -452,10 +502,17 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
         except MissingAccounting:
             raise ProbeError(missing_accounting_message(client, facts)) from None
 
+    if p.get("storage_reread_first") and backend:
+        # The seeded prompt the previous run (before a restart) read, sent before any flush: what comes
+        # back from storage is what survived the restart.
+        result["restart_hit"] = restart_hit(timed(warm_body), p["input_len"])
+        on_line("restart re-read: " + restart_line(result["restart_hit"]))
     rounds: list[dict] = []
     cold_runs: list[dict] = []
     warm_runs: dict[str, list[dict]] = {t: [] for t in tiers}
     for i in range(p["repeats"]):
+        if nonce:
+            cold_body, warm_body = bodies(f"{p['seed']}:{nonce}:round:{i + 1}")
         flush_cache(client, p["flush_timeout"])
         runs = {"cold": timed(cold_body)}
         if "device" in tiers:
@@ -465,6 +522,12 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
                 body = generate_body(generate_ids(n, vocab, f"{p['seed']}:filler:{j}"), 1, p["temperature"])
                 client.stream_generate(body, need_accounting=False)
             runs["host"] = timed(warm_body)
+        if "storage" in tiers:
+            # Let the write-back of the prefix to the storage tier finish, then clear GPU and host memory:
+            # the re-read can only hit storage.
+            time.sleep(p.get("storage_write_wait_s") or 0)
+            flush_cache(client, p["flush_timeout"])
+            runs["storage"] = timed(warm_body)
         cold_runs.append(runs["cold"])
         for tier in tiers:
             warm_runs[tier].append(runs[tier])
@@ -479,6 +542,24 @@ def run_probe(p: dict, client: SGLangClient, on_round: Callable[[int, int, dict]
         result["capacity"] = measure_capacity(p, client, facts, vocab, capacity_m, on_line=on_line)
     result["requests_sent"] = client.requests_sent
     return result
+
+
+def restart_hit(run: dict, input_len: int) -> dict:
+    """The figures of the restart re-read (storage_reread_first): cached tokens by tier, TTFT."""
+    return {"prompt_tokens": run.get("prompt_tokens") or input_len, "cached_tokens": run["cached_tokens"],
+            "device_cached_tokens": run["device_cached_tokens"], "host_cached_tokens": run["host_cached_tokens"],
+            "storage_cached_tokens": run.get("storage_cached_tokens") or 0,
+            "storage_cached_fraction": _r((run.get("storage_cached_tokens") or 0) / input_len, 4),
+            "ttft_ms": _ms(run["ttft_s"])}
+
+
+def restart_line(hit: dict | None) -> str | None:
+    """The restart re-read in a few words (numbers only)."""
+    if not isinstance(hit, dict):
+        return None
+    return (f"{hit['storage_cached_tokens']} of {hit['prompt_tokens']} tokens from storage (cached "
+            f"{hit['cached_tokens']}: device {hit['device_cached_tokens']}, host {hit['host_cached_tokens']}), "
+            f"TTFT {hit['ttft_ms']:.1f} ms")
 
 
 LOCK_POLL_S = 1.0

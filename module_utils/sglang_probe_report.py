@@ -10,6 +10,7 @@ import os
 
 from ansible.module_utils.sglang_probe_capacity import capacity_line
 from ansible.module_utils.sglang_probe_client import ProbeError
+from ansible.module_utils.sglang_probe_measure import restart_line
 
 
 def build_report(result: dict, p: dict) -> dict:
@@ -17,7 +18,8 @@ def build_report(result: dict, p: dict) -> dict:
     settings = {k: p.get(k) for k in (
         "url", "input_len", "cold_output_len", "warm_output_len", "seed", "repeats", "temperature",
         "tier", "filler_factor", "max_warm_ttft_s", "max_warm_cold_ratio", "min_cached_fraction",
-        "min_host_cached_fraction", "max_regression", "regression_slack_ms", "gate", "parity_tokens",
+        "min_host_cached_fraction", "min_storage_cached_fraction", "storage_write_wait_s", "storage_reread_first",
+        "min_restart_storage_fraction", "max_regression", "regression_slack_ms", "gate", "parity_tokens",
         "parity_logprob_tolerance", "capacity_max_prefixes", "capacity_timeout_s")}
     return {
         "tool": "sglang_cache_probe",
@@ -36,6 +38,8 @@ def build_report(result: dict, p: dict) -> dict:
         "parity": result.get("parity"),
         "pools": result.get("pools"),
         "capacity": result.get("capacity"),
+        "storage": result.get("storage"),
+        "restart_hit": result.get("restart_hit"),
     }
 
 
@@ -76,7 +80,15 @@ def summary_line(result: dict) -> str:
         if case.get("median_ttft_ms") is not None:
             parts.append(f"warm {tier} TTFT {case['median_ttft_ms']:.1f} ms "
                          f"(ratio {case.get('warm_cold_ratio')}, cached {case.get('median_cached_tokens')}, "
-                         f"host {case.get('median_host_cached_tokens')})")
+                         f"host {case.get('median_host_cached_tokens')}"
+                         + (f", storage {case.get('median_storage_cached_tokens')}" if tier == "storage" else "")
+                         + ")")
+    line = restart_line(result.get("restart_hit"))
+    if line:
+        parts.append("restart re-read " + line)
+    storage = result.get("storage") or {}
+    if storage.get("note"):
+        parts.append("storage tier not measured (no storage backend)")
     line = parity_line(result.get("parity"))
     if line:
         parts.append(line)
@@ -113,12 +125,14 @@ def round_line(number: int, total: int, runs: dict) -> str:
     parts = [f"round {number}/{total}:"]
     if cold:
         parts.append(f"cold TTFT {_seconds_or_ms(cold['ttft_s'])} (cached {cold['cached_tokens']})")
-    for tier in ("device", "host"):
+    for tier in ("device", "host", "storage"):
         run = runs.get(tier)
         if not run:
             continue
         ratio = f", {run['ttft_s'] / cold['ttft_s']:.4f} of cold" if cold.get("ttft_s") else ""
         host = f", from host {run['host_cached_tokens']}" if tier == "host" else ""
+        if tier == "storage":
+            host = f", from storage {run.get('storage_cached_tokens') or 0}"
         parts.append(f"warm {tier} TTFT {_seconds_or_ms(run['ttft_s'])}{ratio} (cached {run['cached_tokens']}{host})")
     return " ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:])
 

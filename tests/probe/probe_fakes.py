@@ -39,6 +39,9 @@ class FakeState:
         warm_diverge_at: int | None = None,
         warm_logprob_shift: float = 0.0,
         incremental: bool = False,
+        storage_backend: str | None = None,
+        storage: set | None = None,
+        storage_hits: bool = True,
     ) -> None:
         self.faults = set(faults)
         self.capacity = capacity
@@ -63,6 +66,12 @@ class FakeState:
         self.generate_bodies: list[dict] = []
         self.device: collections.OrderedDict[tuple, int] = collections.OrderedDict()
         self.host: set[tuple] = set()
+        # The L3 tier (--hicache-storage-backend): every prompt is written through to it; /flush_cache
+        # leaves it, as SGLang 0.5.23 does. Pass the same set to a second FakeServer to play a restart
+        # that keeps the storage directory. storage_hits False: it never gives a prompt back (lost pages).
+        self.storage_backend = storage_backend
+        self.storage: set[tuple] = storage if storage is not None else set()
+        self.storage_hits = storage_hits
         self.lock = threading.Lock()
 
     def server_info(self) -> dict:
@@ -80,24 +89,29 @@ class FakeState:
         if self.hicache:
             info.update(hicache_size=12, hicache_ratio=2.0, hicache_io_backend="kernel",
                         hicache_write_policy="write_through", hicache_mem_layout="page_first")
+        info["hicache_storage_backend"] = self.storage_backend
         return info
 
-    def lookup(self, key: tuple, n: int) -> tuple[int, int]:
-        """(device, host) cached tokens of a prompt, then insert it (LRU) and evict over capacity."""
+    def lookup(self, key: tuple, n: int) -> tuple[int, int, int]:
+        """(device, host, storage) cached tokens of a prompt, then insert it (LRU) and evict over capacity."""
         with self.lock:
             cacheable = (max(n - 1, 0) // self.page_size) * self.page_size
-            device = host = 0
+            device = host = storage = 0
             if key in self.device:
                 device = cacheable
                 self.device.move_to_end(key)
             elif key in self.host:
                 host = cacheable
+            elif self.storage_backend and self.storage_hits and key in self.storage:
+                storage = cacheable
+            if self.storage_backend:
+                self.storage.add(key)
             self.device[key] = n
             while sum(self.device.values()) > self.capacity and len(self.device) > 1:
                 old, _ = self.device.popitem(last=False)
                 if self.hicache:
                     self.host.add(old)
-            return device, host
+            return device, host, storage
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -184,9 +198,9 @@ class Handler(BaseHTTPRequestHandler):
         ids = req["input_ids"]
         n = len(ids)
         out = int(req["sampling_params"]["max_new_tokens"])
-        device, host = st.lookup(tuple(ids), n)
-        cached = device + host
-        time.sleep(st.s_per_token * (n - cached) + st.s_per_token * host / 50.0)
+        device, host, storage = st.lookup(tuple(ids), n)
+        cached = device + host + storage
+        time.sleep(st.s_per_token * (n - cached) + st.s_per_token * host / 50.0 + st.s_per_token * storage / 20.0)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -207,6 +221,8 @@ class Handler(BaseHTTPRequestHandler):
             if "no_accounting" not in st.faults:
                 meta["cached_tokens"] = cached
                 meta["cached_tokens_details"] = {"device": device, "host": host} if cached else None
+                if cached and st.storage_backend:
+                    meta["cached_tokens_details"].update(storage=storage, storage_backend=st.storage_backend)
             first = i if st.incremental else 0
             if st.logprobs and req.get("return_logprob"):
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in
