@@ -239,3 +239,14 @@ def test_a_paused_run_says_paused_names_the_hosts_left_and_the_command(tmp_path)
     failed = {"hosts": {"demo-2": {"failed": True, "task": "Gate", "msg": "boom"}}}
     md, _ = three_host_run(tmp_path / "again", failed, paused)
     assert "verdict: **halted" in md
+
+
+def test_the_report_shows_what_was_warm_when_each_host_rejoined(tmp_path):
+    warm = {"main": {"warm_tokens": 48000, "cached_tokens": 0, "seconds": 2.4, "failed_files": ["docs.json"]}}
+    write_run(tmp_path, [{"host": "demo-1", "verdict": "passed", "probe": probe(1900, 20), "warm": warm},
+                         {"host": "demo-2", "verdict": "passed", "probe": probe(1900, 20)}])
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    md = (tmp_path / "rollout.md").read_text()
+    section = md.split("## Warm rejoin")[1]
+    assert "| demo-1 | main | 48,000 | 0 | 2.4 s | docs.json |" in section
+    assert "demo-2" not in section

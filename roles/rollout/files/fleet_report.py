@@ -106,7 +106,31 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "input_len": probe.get("input_len"),
         "pools": probe.get("pools") or {},
         "parity": gate.get("parity") if isinstance(gate.get("parity"), str) else None,
+        "warm": record.get("warm") if isinstance(record.get("warm"), dict) else {},
     }
+
+
+def warm_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 27 item 3: per host and instance, what its warm set made warm before it rejoined the
+    router (tokens sent, of them already cached, seconds) and the files that failed (never a failure
+    of the host)."""
+    lines = []
+    for row in rows:
+        for name, warm in sorted((row.get("warm") or {}).items()):
+            if not isinstance(warm, dict):
+                continue
+            seconds = warm.get("seconds")
+            took = "–" if not isinstance(seconds, (int, float)) else f"{float(seconds):.1f} s"
+            failed = warm.get("failed_files") or []
+            lines.append(
+                f"| {md(row['host'], True)} | {md(name, True)} | {int(warm.get('warm_tokens') or 0):,} | "
+                f"{int(warm.get('cached_tokens') or 0):,} | {took} | "
+                f"{md(', '.join(map(str, failed)), True) if failed else '–'} |"
+            )
+    if not lines:
+        return []
+    return ["", "## Warm rejoin", "", "| host | instance | tokens sent | cached on send | took | failed files |",
+            "|---|---|---|---|---|---|", *lines]
 
 
 def parity_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -182,6 +206,7 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
                 lines.append(f"- **{md(row['host'])}**: {md(row['note'])}")
     lines += pool_lines(rows)
     lines += parity_lines(rows)
+    lines += warm_lines(rows)
     moves = [row for row in rows if row["router"]]
     if moves:
         lines += ["", "## Router rotation", ""]

@@ -228,6 +228,22 @@ def rollout_router_seen(poll: Any, wait_for: str, urls: list) -> list:
     return [w["url"] for w in listed]
 
 
+def rollout_warm_summary(result: Any) -> dict[str, Any]:
+    """One instance's warm-up (library/sglang_warm_set's result) as the report shows it: tokens sent,
+    cached on that send, seconds, the files that failed and the module's summary line."""
+    result = result if isinstance(result, dict) else {}
+    return {
+        "warm_tokens": result.get("warm_tokens", 0),
+        "cached_tokens": result.get("cached_tokens", 0),
+        "seconds": result.get("seconds"),
+        "sent": result.get("sent", 0),
+        "ok": result.get("ok", 0),
+        "failed_files": result.get("failed_files") or [],
+        "summary": result.get("msg") or ("warm-up did not run: " + str(result.get("module_stderr") or "no detail")[:300]
+                                          if result.get("failed") else ""),
+    }
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -241,4 +257,5 @@ class FilterModule:
             "rollout_inventory_label": rollout_inventory_label,
             "rollout_router_worker_url": rollout_router_worker_url,
             "rollout_router_seen": rollout_router_seen,
+            "rollout_warm_summary": rollout_warm_summary,
         }
