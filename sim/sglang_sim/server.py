@@ -82,6 +82,8 @@ class SimState:
             "device_pool_tokens": self.sizes.device_tokens,
             "host_pool_tokens": self.sizes.host_tokens,
             "host_tier_in_use": e.host_tier_used,
+            "storage_tier_in_use": e.storage is not None,
+            "storage_load_rate_tokens_per_s": self.settings.storage_load_rate,
             "fault": self.settings.fault or None,
             "time_scale": self.settings.time_scale,
             "prefill_rate_tokens_per_s": e.prefill_rate,
