@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -29,10 +30,11 @@ def _details(out):
     return out["meta_info"].get("cached_tokens_details")
 
 
-def _start(sim_factory, store, extra_env=None):
+def _start(sim_factory, store, extra_env=None, extra_args=()):
     env = {**SMALL_ENV, "SGLANG_SIM_STORAGE_BYTES_PER_TOKEN": BPT,
            "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(store), **(extra_env or {})}
-    return sim_factory([*SMALL_HICACHE_ARGS, "--hicache-storage-backend", "file"], env)
+    return sim_factory([*SMALL_HICACHE_ARGS, "--hicache-storage-backend", "file", *extra_args],
+                       env)
 
 
 def _du(store) -> int:
@@ -136,3 +138,77 @@ def test_a_restart_with_a_cap_adopts_and_trims_the_pages_already_there(sim_facto
     assert info["storage_pages_evicted"] > 0
     assert "HiCacheFile eviction enabled: cap=200000 B" in capped.log()
     assert _details(_gen(capped, _ids(30, 1000))) is None  # the oldest prompt went first
+
+
+def test_identity_is_model_path_and_tp_layout_only_as_in_0_5_23(sim_factory, tmp_path):
+    """HiCacheFile keys a page by its token hash + _{model_path}_{tp_rank}_{tp_size}: nothing
+    else. Another KV dtype (or model revision behind the same path) reads the old pages as
+    valid; another TP size or page size reads nothing. The toolkit names the directory per
+    identity because of this."""
+    store = tmp_path / "l3"
+    ids = _ids(3, 1200)
+    sim = _start(sim_factory, store)
+    _gen(sim, ids)
+    sim.stop()
+    fp8 = _start(sim_factory, store, extra_args=["--kv-cache-dtype", "fp8_e4m3"])
+    assert _details(_gen(fp8, ids))["storage"] > 900  # the danger: read as if valid
+    fp8.stop()
+    paged = _start(sim_factory, store, extra_args=["--page-size", "16"])
+    assert _details(_gen(paged, ids)) is None
+    paged.stop()
+    tp1 = _start(sim_factory, store, {"SGLANG_SIM_GPU_MEM_GB": "24,24"},
+                 extra_args=["--tp-size", "1"])
+    assert _details(_gen(tp1, ids)) is None
+
+
+def test_storage_hit_ttft_is_between_host_hit_and_cold(sim_factory, tmp_path):
+    sim = _start(sim_factory, tmp_path / "l3")
+    ids = _ids(4, 2000)
+    cold = _gen(sim, ids)["meta_info"]["sglang_sim"]
+    sim.request("POST", "/flush_cache")
+    storage = _gen(sim, ids)["meta_info"]["sglang_sim"]
+    assert storage["storage_hit_tokens"] > 1800
+    info = sim.get_json("/get_server_info")["sglang_sim"]
+    n, hit = 2000, storage["storage_hit_tokens"]
+    expected = ((n - hit) / info["prefill_rate_tokens_per_s"]
+                + hit / info["load_rate_tokens_per_s"]
+                + hit / info["storage_load_rate_tokens_per_s"])
+    assert abs(storage["modelled_prefill_s"] - expected) < 1e-9
+    host_hit = (n - hit) / info["prefill_rate_tokens_per_s"] + hit / info["load_rate_tokens_per_s"]
+    assert host_hit < storage["modelled_prefill_s"] < cold["modelled_prefill_s"]
+
+
+def test_extra_config_sets_dir_and_cap_and_bad_json_fails_startup(sim_factory, tmp_path,
+                                                                  model_dir):
+    store = tmp_path / "from-extra"
+    cfg = json.dumps({"file_storage_path": str(store), "max_size": "100k"})
+    sim = sim_factory([*SMALL_HICACHE_ARGS, "--hicache-storage-backend", "file",
+                       "--hicache-storage-backend-extra-config", cfg],
+                      {**SMALL_ENV, "SGLANG_SIM_STORAGE_BYTES_PER_TOKEN": BPT})
+    for seed in range(40, 44):
+        _gen(sim, _ids(seed, 1000))
+    assert 0 < _du(store) <= 2 * 100_000
+    info = sim.get_json("/get_server_info")["sglang_sim"]
+    assert info["storage_dir"] == str(store)
+    assert info["storage_max_size_bytes_per_rank"] == 100_000
+    env = {**os.environ, **SMALL_ENV, "PYTHONPATH": str(SIM_DIR)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(model_dir),
+         *SMALL_HICACHE_ARGS, "--port", "1", "--hicache-storage-backend", "file",
+         "--hicache-storage-backend-extra-config", "{not json"],
+        env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "--hicache-storage-backend-extra-config" in proc.stderr
+
+
+def test_a_storage_hit_below_the_prefetch_threshold_is_not_used(sim_factory, tmp_path):
+    """cache_controller: fewer than prefetch_threshold (256) hit tokens are not prefetched."""
+    sim = _start(sim_factory, tmp_path / "l3")
+    ids = _ids(5, 300)  # two whole blocks (~146 tokens each) in storage, only one usable
+    _gen(sim, ids)
+    sim.request("POST", "/flush_cache")
+    assert _details(_gen(sim, ids)) is None
+    longer = _ids(6, 700)
+    _gen(sim, longer)
+    sim.request("POST", "/flush_cache")
+    assert _details(_gen(sim, longer))["storage"] >= 256

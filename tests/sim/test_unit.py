@@ -330,3 +330,27 @@ def test_hybrid_host_pool_is_split_with_the_mamba_pool_as_the_plan_expects(model
     # Without --max-mamba-cache-size (auto-sized Mamba pool) all GB stay with the KV pool, as before.
     auto = [a for a in SEED_MAMBA_ARGS if a not in ("--max-mamba-cache-size", "20")]
     assert _sizes(model_dir, [*auto, *hicache]).host_tokens == int(int(size_gb) * 10**9 // 32_768) + 1
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("200G", 200 * 10**9), ("1Gi", 2**30), ("25.6k", 25_600), ("1048576", 1_048_576),
+    ("0", 0), ("", 0), (None, 0), ("1.5Gi", 0), ("lots", 0), ("1g", 0),
+])
+def test_file_backend_sizes_parse_as_human_readable_int(raw, expected):
+    from sglang_sim.storage import parse_size
+
+    assert parse_size(raw) == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("0.5", 0.5), ("1", 1.0), ("0", 0.9),
+                                               ("1.5", 0.9), ("x", 0.9)])
+def test_file_backend_eviction_ratio_falls_back_to_0_9(tmp_path, raw, expected):
+    from sglang_sim.storage import FileStorage
+
+    st = FileStorage(file_path=str(tmp_path / "d"), model_path="/m", tp_size=1, page_size=1,
+                     bytes_per_token=8, extra={},
+                     env={"SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO": raw,
+                          "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE": "1k"},
+                     log=lambda *a: None)
+    assert st.eviction_ratio == expected
+    assert st.max_size_bytes == 1000
