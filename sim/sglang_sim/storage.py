@@ -246,17 +246,22 @@ class FileStorage:
         while self.lru and self.total_bytes > target:
             self._evict_one()
 
-    def clear(self) -> None:
-        """POST /hicache/storage-backend/clear: remove this server's page files."""
+    def clear(self) -> bool:
+        """POST /hicache/storage-backend/clear, as HiCacheFile.clear: removes EVERY regular file
+        in the directory, whichever model or TP layout wrote it."""
         with self.lock:
-            for fn in os.listdir(self.file_path):
-                if fn.endswith(".bin") and any(fn.endswith(s + ".bin") for s in self.suffixes):
-                    try:
-                        os.remove(os.path.join(self.file_path, fn))
-                    except FileNotFoundError:
-                        pass
+            try:
+                for fn in os.listdir(self.file_path):
+                    path = os.path.join(self.file_path, fn)
+                    if os.path.isfile(path):
+                        os.remove(path)
+            except OSError as err:
+                self.log(f"Failed to clear HiCacheFile storage: {err} (SIMULATOR)", "error")
+                return False
             self.lru.clear()
             self.total_bytes = 0
+        self.log("Cleared all entries in HiCacheFile storage. (SIMULATOR)")
+        return True
 
     def snapshot(self) -> dict:
         return {"storage_dir": self.file_path, "storage_max_size_bytes_per_rank":

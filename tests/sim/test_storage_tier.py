@@ -212,3 +212,19 @@ def test_a_storage_hit_below_the_prefetch_threshold_is_not_used(sim_factory, tmp
     _gen(sim, longer)
     sim.request("POST", "/flush_cache")
     assert _details(_gen(sim, longer))["storage"] >= 256
+
+
+def test_clear_endpoint_removes_every_file_in_the_dir(sim_factory, tmp_path):
+    """HiCacheFile.clear removes every regular file in the directory, any identity's."""
+    store = tmp_path / "l3"
+    sim = _start(sim_factory, store)
+    ids = _ids(7, 1000)
+    _gen(sim, ids)
+    (store / "other-identity_x_0_1.bin").write_bytes(b"x")
+    assert len(os.listdir(store)) > 1
+    status, body, _ = sim.request("POST", "/hicache/storage-backend/clear")
+    assert status == 200
+    assert body == b"Hierarchical cache storage backend cleared.\n"
+    assert os.listdir(store) == []
+    sim.request("POST", "/flush_cache")
+    assert _details(_gen(sim, ids)) is None
