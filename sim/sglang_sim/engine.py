@@ -142,6 +142,10 @@ class Engine:
         )
         self.prefetch_threshold = 256
         self.storage = self._make_storage(values, sizes, settings, log) if self.hicache else None
+        if not self.hicache and values.get("hicache_storage_backend"):
+            log("SIMULATOR: --hicache-storage-backend is ignored without "
+                "--enable-hierarchical-cache (no HiCache controller, as in SGLang 0.5.23)",
+                "warning")
         self.storage_backend_type = "HiCacheFile" if self.storage is not None else None
         self.cache = PrefixCache(
             device_capacity=sizes.device_tokens,

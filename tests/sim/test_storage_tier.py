@@ -228,3 +228,15 @@ def test_clear_endpoint_removes_every_file_in_the_dir(sim_factory, tmp_path):
     assert os.listdir(store) == []
     sim.request("POST", "/flush_cache")
     assert _details(_gen(sim, ids)) is None
+
+
+def test_storage_backend_without_hicache_writes_nothing(sim_factory, tmp_path):
+    store = tmp_path / "l3"
+    sim = sim_factory(["--enable-cache-report", "--hicache-storage-backend", "file"],
+                      {**SMALL_ENV, "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(store)})
+    ids = _ids(8, 1000)
+    _gen(sim, ids)
+    sim.request("POST", "/flush_cache")
+    assert _details(_gen(sim, ids)) is None
+    assert not store.exists()
+    assert "--hicache-storage-backend is ignored without --enable-hierarchical-cache" in sim.log()
