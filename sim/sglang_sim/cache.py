@@ -274,7 +274,7 @@ class PrefixCache:
         self.host_lru[node.key] = None
         if self.storage is not None and node.skey is not None:
             # write_backup_storage: every page that reached the host is backed up to L3
-            self.storage.set(node.skey.hex(), node.tokens, node.ntok)
+            self.storage.backup(node.skey.hex(), node.tokens, node.ntok)
         return True
 
     def _evict_device(self) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import re
 import threading
 import uuid
@@ -114,6 +115,12 @@ class FileStorage:
         self.total_bytes = 0
         self.lock = threading.Lock()
         self.writes = self.reads = self.evictions = 0
+        # Backups run off the request path, as 0.5.23's storage backup thread: a request does
+        # not wait for its pages to reach the disk (FIFO, one writer: parents before children).
+        self.pending: set[str] = set()
+        self.queue: queue.Queue = queue.Queue()
+        self.writer = threading.Thread(target=self._writer, name="sim-l3-writer", daemon=True)
+        self.writer.start()
         if self.enabled:
             fs = self._fs_stats()
             if fs is not None and self.max_size_bytes > 0:
@@ -175,6 +182,23 @@ class FileStorage:
                 return
             self.lru[hexkey] = size
             self.total_bytes += size
+
+    def backup(self, hexkey: str, block: bytes, ntok: int) -> None:
+        """Queue a page for the writer thread (write_backup_storage)."""
+        with self.lock:
+            if hexkey in self.pending:
+                return
+            self.pending.add(hexkey)
+        self.queue.put((hexkey, block, ntok))
+
+    def _writer(self) -> None:
+        while True:
+            hexkey, block, ntok = self.queue.get()
+            try:
+                self.set(hexkey, block, ntok)
+            finally:
+                with self.lock:
+                    self.pending.discard(hexkey)
 
     def set(self, hexkey: str, block: bytes, ntok: int) -> bool:
         """HiCacheFile.set for every rank: skip (touch) if present, else reserve and write."""
@@ -268,4 +292,5 @@ class FileStorage:
                 self.max_size_bytes, "storage_eviction_ratio": self.eviction_ratio,
                 "storage_tracked_bytes_per_rank": self.total_bytes,
                 "storage_pages_written": self.writes, "storage_pages_read": self.reads,
-                "storage_pages_evicted": self.evictions}
+                "storage_pages_evicted": self.evictions,
+                "storage_pages_pending": len(self.pending)}

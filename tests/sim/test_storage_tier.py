@@ -21,7 +21,21 @@ def _ids(seed: int, n: int) -> list[int]:
     return [rng.randrange(248_320) for _ in range(n)]
 
 
+def _settle(sim) -> None:
+    """Wait (bounded) until the simulator's L3 writer has written every queued page."""
+    deadline = time.monotonic() + 20
+    while sim.get_json("/get_server_info")["sglang_sim"].get("storage_pages_pending", 0):
+        assert time.monotonic() < deadline, "L3 writes still pending after 20 s"
+        time.sleep(0.01)
+
+
 def _gen(sim, ids):
+    out = _gen_only(sim, ids)
+    _settle(sim)
+    return out
+
+
+def _gen_only(sim, ids):
     return sim.post_json("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 4,
                                                                   "temperature": 0}})
 

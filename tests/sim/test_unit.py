@@ -354,3 +354,38 @@ def test_file_backend_eviction_ratio_falls_back_to_0_9(tmp_path, raw, expected):
                      log=lambda *a: None)
     assert st.eviction_ratio == expected
     assert st.max_size_bytes == 1000
+
+
+def test_l3_backup_runs_off_the_request_path(tmp_path):
+    """A request does not wait for its pages to reach the disk (0.5.23 backs up in a thread):
+    insert returns while the storage writer is still blocked; the pages land afterwards."""
+    import threading
+
+    from sglang_sim.storage import FileStorage
+
+    st = FileStorage(file_path=str(tmp_path / "d"), model_path="/m", tp_size=1, page_size=1,
+                     bytes_per_token=8, extra={}, env={}, log=lambda *a: None)
+    gate = threading.Event()
+    real_set = st.set
+
+    def slow_set(*args):
+        assert gate.wait(10)
+        return real_set(*args)
+
+    st.set = slow_set
+    cache = PrefixCache(device_capacity=10_000, host_capacity=10_000, page_size=1,
+                        block_tokens=4, storage=st)
+    data = canonical(list(range(1000, 1040)))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (cache.insert(data), done.set()), daemon=True)
+    worker.start()
+    assert done.wait(5), "insert waited for the L3 write"
+    assert st.pending
+    assert not [f for f in (tmp_path / "d").iterdir() if f.suffix == ".bin"]
+    gate.set()
+    for _ in range(500):
+        if not st.pending:
+            break
+        threading.Event().wait(0.01)
+    assert not st.pending
+    assert len([f for f in (tmp_path / "d").iterdir() if f.suffix == ".bin"]) >= 5
