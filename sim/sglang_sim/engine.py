@@ -141,6 +141,8 @@ class Engine:
             settings.slow_factor if "slow_prefill" in faults else 1.0
         )
         self.prefetch_threshold = 256
+        self.prefetch_policy = "timeout"
+        self.prefetch_timeout_base, self.prefetch_timeout_per_ki = 1.0, 0.25
         self.storage = self._make_storage(values, sizes, settings, log) if self.hicache else None
         if not self.hicache and values.get("hicache_storage_backend"):
             log("SIMULATOR: --hicache-storage-backend is ignored without "
@@ -185,9 +187,15 @@ class Engine:
             raise StorageError(
                 f"prefetch_threshold must be int, got {type(threshold).__name__}")
         self.prefetch_threshold = threshold
-        for key in ("prefetch_timeout_base", "prefetch_timeout_per_ki_token",
-                    "hicache_storage_pass_prefix_keys"):
-            extra.pop(key, None)
+        base = extra.pop("prefetch_timeout_base", 1)
+        per_ki = extra.pop("prefetch_timeout_per_ki_token", 0.25)
+        for name, val in (("prefetch_timeout_base", base),
+                          ("prefetch_timeout_per_ki_token", per_ki)):
+            if isinstance(val, bool) or not isinstance(val, (int, float)):
+                raise StorageError(f"{name} must be number, got {type(val).__name__}")
+        self.prefetch_timeout_base, self.prefetch_timeout_per_ki = float(base), float(per_ki)
+        self.prefetch_policy = str(values.get("hicache_storage_prefetch_policy") or "timeout")
+        extra.pop("hicache_storage_pass_prefix_keys", None)
         if values.get("file_storage_path"):
             extra.setdefault("file_storage_path", values["file_storage_path"])
         from .storage import DEFAULT_DIR, FileStorage
@@ -200,8 +208,29 @@ class Engine:
                               bytes_per_token=bpt, extra=extra, env=env, log=log)
         log(f"SIMULATOR L3 storage: HiCacheFile at {path}, {storage.bytes_per_token} B per "
             f"token per rank, prefetch_threshold={threshold}, prefetch policy "
-            f"{values.get('hicache_storage_prefetch_policy')} (modelled as wait_complete)")
+            f"{self.prefetch_policy} (timeout {base} s + {per_ki} s per 1024 tokens)")
         return storage
+
+    def _prefetch_cut(self, match) -> None:
+        """What of a storage hit arrives before the request runs, per
+        --hicache-storage-prefetch-policy (unified_radix_cache._can_terminate_prefetch):
+        wait_complete waits for all of it; timeout (0.5.23's default) waits at most
+        base + per_ki_token x requested tokens / 1024 seconds (modelled seconds here) and keeps
+        what was read by then; best_effort does not wait: an idle server schedules the request
+        at once, so the simulator counts nothing as prefetched in time."""
+        hit = match.storage_tokens
+        if hit <= 0 or self.prefetch_policy == "wait_complete":
+            return
+        if self.prefetch_policy == "best_effort":
+            kept = 0
+        else:
+            timeout = self.prefetch_timeout_base + self.prefetch_timeout_per_ki * hit / 1024
+            kept = min(hit, int(timeout * self.settings.storage_load_rate))
+            kept = kept // self.page_size * self.page_size
+        if kept < hit:
+            self.log(f"SIMULATOR prefetch ({self.prefetch_policy}) stopped at {kept} of {hit} "
+                     "storage tokens")
+            match.storage_tokens = kept
 
     # ---------------------------------------------------------------- helpers
     def scaled_sleep_until(self, deadline: float) -> None:
@@ -320,6 +349,7 @@ class Engine:
                     match = self.cache.match(self._match_limit(req, data))
                     locked = match.path
                     self.cache.lock(locked, +1)
+                self._prefetch_cut(match)
                 uncached = n - match.cached_tokens
                 # a storage hit is read from disk into the host pool, then loaded like a host hit
                 modelled = (uncached / self.prefill_rate

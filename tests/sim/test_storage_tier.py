@@ -254,3 +254,23 @@ def test_storage_backend_without_hicache_writes_nothing(sim_factory, tmp_path):
     assert _details(_gen(sim, ids)) is None
     assert not store.exists()
     assert "--hicache-storage-backend is ignored without --enable-hierarchical-cache" in sim.log()
+
+
+def test_prefetch_policy_decides_how_much_of_a_storage_hit_arrives(sim_factory, tmp_path):
+    """0.5.23: wait_complete waits for all; timeout (the default) for at most 1 s + 0.25 s per
+    1024 requested tokens; best_effort does not wait (nothing arrives on an idle server)."""
+    store = tmp_path / "l3"
+    slow = {"SGLANG_SIM_STORAGE_LOAD_RATE": "500"}  # 1,400 tokens take 2.8 modelled s
+    ids = _ids(9, 1500)
+    seen = {}
+    for policy in ("wait_complete", "timeout", "best_effort"):
+        sim = _start(sim_factory, store, slow,
+                     extra_args=["--hicache-storage-prefetch-policy", policy])
+        _gen(sim, ids)
+        sim.request("POST", "/flush_cache")
+        seen[policy] = _details(_gen(sim, ids))
+        sim.stop()
+    full = seen["wait_complete"]["storage"]
+    assert full > 1300
+    assert seen["timeout"]["storage"] == int((1 + 0.25 * full / 1024) * 500)
+    assert seen["best_effort"] is None
