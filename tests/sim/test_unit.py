@@ -389,3 +389,24 @@ def test_l3_backup_runs_off_the_request_path(tmp_path):
         threading.Event().wait(0.01)
     assert not st.pending
     assert len([f for f in (tmp_path / "d").iterdir() if f.suffix == ".bin"]) >= 5
+
+
+def test_l3_min_free_space_refuses_a_write_that_would_undercut_it(tmp_path):
+    from sglang_sim.storage import FileStorage
+
+    logs = []
+    st = FileStorage(file_path=str(tmp_path / "d"), model_path="/m", tp_size=2, page_size=1,
+                     bytes_per_token=8, extra={},
+                     env={"SGLANG_HICACHE_FILE_BACKEND_MIN_FREE_SPACE": "1000Ti"},
+                     log=lambda msg, *a: logs.append(msg))
+    assert st.min_free_bytes == 1000 * 2**40
+    assert st.set("ab" * 32, b"1,2,3,", 3) is False
+    assert list((tmp_path / "d").iterdir()) == []
+    assert any("would fall below min_free" in m and "SIMULATOR" in m for m in logs)
+    roomy = FileStorage(file_path=str(tmp_path / "e"), model_path="/m", tp_size=2, page_size=1,
+                        bytes_per_token=8, extra={"min_free_space": "1k"}, env={},
+                        log=lambda *a: None)
+    assert roomy.set("ab" * 32, b"1,2,3,", 3) is True
+    assert sorted(f.name for f in (tmp_path / "e").iterdir()) == [
+        "ab" * 32 + "_-m_0_2.bin", "ab" * 32 + "_-m_1_2.bin"]
+    assert (tmp_path / "e" / ("ab" * 32 + "_-m_0_2.bin")).stat().st_size == 24
