@@ -29,6 +29,9 @@ MODELLED_FLAGS = frozenset(
         "hicache_storage_backend", "disable_radix_cache", "log_level", "kv_cache_dtype", "dtype",
         # the hybrid model's Mamba device pool, which takes its share of --hicache-size (model.py)
         "max_mamba_cache_size", "mamba_ssm_dtype", "speculative_num_draft_tokens",
+        # the L3 file storage (storage.py)
+        "hicache_storage_backend_extra_config", "hicache_storage_prefetch_policy",
+        "file_storage_path",
     }
 )
 

@@ -27,7 +27,8 @@ BLOCK_BYTES_PER_TOKEN = 8
 
 
 class Node:
-    __slots__ = ("hits", "key", "lock", "ntok", "on_device", "on_host", "parent", "tokens")
+    __slots__ = ("hits", "key", "lock", "ntok", "on_device", "on_host", "parent", "skey",
+                 "tokens")
 
     def __init__(self, key: int, parent: int, tokens: bytes) -> None:
         self.key = key
@@ -38,6 +39,7 @@ class Node:
         self.hits = 0
         self.on_device = False
         self.on_host = False
+        self.skey: bytes | None = None  # the L3 page hash (storage.page_hash), storage only
 
 
 @dataclass
@@ -45,10 +47,12 @@ class Match:
     device_tokens: int = 0
     host_tokens: int = 0
     path: list[int] = field(default_factory=list)  # keys of nodes used (fully or partly)
+    storage_tokens: int = 0  # loaded back (prefetched) from the L3 file storage
+    storage_keys: list[str] = field(default_factory=list)
 
     @property
     def cached_tokens(self) -> int:
-        return self.device_tokens + self.host_tokens
+        return self.device_tokens + self.host_tokens + self.storage_tokens
 
 
 def _common_prefix_tokens(a: bytes, b: bytes) -> int:
@@ -74,6 +78,8 @@ class PrefixCache:
         block_tokens: int,
         write_policy: str = "write_through",
         use_host: bool = True,
+        storage=None,
+        prefetch_threshold: int = 256,
     ) -> None:
         self.device_capacity = device_capacity
         self.host_capacity = host_capacity if use_host else 0
@@ -89,6 +95,8 @@ class PrefixCache:
         self.host_used = 0
         self.evicted_device_tokens = 0
         self.evicted_host_tokens = 0
+        self.storage = storage  # storage.FileStorage or None
+        self.prefetch_threshold = prefetch_threshold
 
     # ----------------------------------------------------------------- queries
     def _key(self, parent: int, block: bytes) -> int:
@@ -114,15 +122,56 @@ class PrefixCache:
                 self._count(result, node, node.ntok)
                 parent = key
                 continue
-            self._partial(result, parent, block)
+            if not self._from_storage(result, parent, data, start, end):
+                self._partial(result, parent, block)
             break
         if self.page_size > 1:
             total = result.cached_tokens // self.page_size * self.page_size
             drop = result.cached_tokens - total
+            from_storage = min(drop, result.storage_tokens)
+            result.storage_tokens -= from_storage
+            drop -= from_storage
             from_host = min(drop, result.host_tokens)
             result.host_tokens -= from_host
             result.device_tokens -= drop - from_host
         return result
+
+    def _prior(self, parent: int) -> bytes | None:
+        if parent == self.ROOT:
+            return None
+        node = self.nodes.get(parent)
+        return None if node is None else node.skey
+
+    def _from_storage(self, result: Match, parent: int, data: bytes, start: int,
+                      end: int) -> bool:
+        """Whole blocks after the device/host match that the L3 storage holds (HiCacheFile
+        batch_exists: the longest run of consecutive pages); used only when at least
+        prefetch_threshold tokens hit (cache_controller: smaller hits are not prefetched)."""
+        if self.storage is None:
+            return False
+        prior = self._prior(parent)
+        if parent != self.ROOT and prior is None:
+            return False
+        from .storage import page_hash
+        step = self.block_bytes
+        tokens, keys = 0, []
+        for pos in range(start, end, step):
+            if pos + step > end:
+                break  # the prompt's last (part) block is computed
+            block = data[pos:pos + step]
+            prior = page_hash(prior, block, self.page_size)
+            hexkey = prior.hex()
+            if not self.storage.exists(hexkey):
+                break
+            tokens += block.count(b",")
+            keys.append(hexkey)
+        if not keys or tokens < self.prefetch_threshold:
+            return False
+        result.storage_tokens = tokens
+        result.storage_keys = keys
+        for hexkey in keys:
+            self.storage.touch(hexkey)
+        return True
 
     def _count(self, result: Match, node: Node, ntok: int) -> None:
         if node.on_device:
@@ -170,6 +219,11 @@ class PrefixCache:
                 if node is not None:  # hash collision: keep the old node, stop caching here
                     break
                 node = Node(key, parent, block)
+                if self.storage is not None:
+                    prior = self._prior(parent)
+                    if parent == self.ROOT or prior is not None:
+                        from .storage import page_hash
+                        node.skey = page_hash(prior, block, self.page_size)
                 self.nodes[key] = node
                 self.children.setdefault(parent, set()).add(key)
             node.lock += 1  # protect the path while making room
@@ -218,6 +272,9 @@ class PrefixCache:
         node.on_host = True
         self.host_used += node.ntok
         self.host_lru[node.key] = None
+        if self.storage is not None and node.skey is not None:
+            # write_backup_storage: every page that reached the host is backed up to L3
+            self.storage.backup(node.skey.hex(), node.tokens, node.ntok)
         return True
 
     def _evict_device(self) -> bool:

@@ -10,6 +10,8 @@ Which ids come out (greedy/sampled, a repeated block continued, the corrupt_* fa
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 import uuid
@@ -28,6 +30,37 @@ from .tokenizer import first_out_of_vocab, out_of_vocab_message, output_piece, t
 VOCAB_CHECKED_KEEP = 8
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+
+
+class StorageError(Exception):
+    """The L3 storage backend cannot be set up (a startup failure, exit 1)."""
+
+
+def parse_extra_config(raw: str | None) -> dict:
+    """--hicache-storage-backend-extra-config: JSON, or '@file' (.json/.toml) as
+    HybridCacheController.parse_storage_backend_extra_config."""
+    if not raw:
+        return {}
+    try:
+        if raw.startswith("@"):
+            path = raw[1:]
+            ext = os.path.splitext(path)[1].lower()
+            if ext == ".json":
+                with open(path) as f:
+                    data = json.load(f)
+            elif ext == ".toml":
+                import tomllib
+                with open(path, "rb") as f:
+                    data = tomllib.load(f)
+            else:
+                raise StorageError(f"Unsupported config file {path} (config format: {ext})")
+        else:
+            data = json.loads(raw)
+    except (OSError, ValueError) as err:
+        raise StorageError(f"--hicache-storage-backend-extra-config: {err}") from None
+    if not isinstance(data, dict):
+        raise StorageError("--hicache-storage-backend-extra-config must be a JSON object")
+    return data
 
 
 class RequestError(Exception):
@@ -107,6 +140,15 @@ class Engine:
         self.prefill_rate = settings.prefill_rate / (
             settings.slow_factor if "slow_prefill" in faults else 1.0
         )
+        self.prefetch_threshold = 256
+        self.prefetch_policy = "timeout"
+        self.prefetch_timeout_base, self.prefetch_timeout_per_ki = 1.0, 0.25
+        self.storage = self._make_storage(values, sizes, settings, log) if self.hicache else None
+        if not self.hicache and values.get("hicache_storage_backend"):
+            log("SIMULATOR: --hicache-storage-backend is ignored without "
+                "--enable-hierarchical-cache (no HiCache controller, as in SGLang 0.5.23)",
+                "warning")
+        self.storage_backend_type = "HiCacheFile" if self.storage is not None else None
         self.cache = PrefixCache(
             device_capacity=sizes.device_tokens,
             host_capacity=sizes.host_tokens,
@@ -114,6 +156,8 @@ class Engine:
             block_tokens=settings.block_tokens,
             write_policy=str(values.get("hicache_write_policy") or "write_through"),
             use_host=self.host_tier_used,
+            storage=self.storage,
+            prefetch_threshold=self.prefetch_threshold,
         )
         self.cache_lock = threading.Lock()
         self.gpu_lock = threading.Lock()
@@ -126,6 +170,67 @@ class Engine:
         # waited for it, so its modelled prefill starts then, not at its arrival.
         self.gpu_free_at = 0.0
         self.vocab_checked: OrderedDict[bytes, None] = OrderedDict()
+
+    # ---------------------------------------------------------------- L3 storage
+    def _make_storage(self, values, sizes, settings, log):
+        """--hicache-storage-backend file as 0.5.23 sets it up (StorageError: startup fails)."""
+        backend = values.get("hicache_storage_backend")
+        if not backend:
+            return None
+        if backend != "file":
+            raise StorageError(
+                f"SIMULATOR: --hicache-storage-backend {backend} is not simulated; the SGLang "
+                "simulator models only the 'file' backend (use --hicache-storage-backend file)")
+        extra = parse_extra_config(values.get("hicache_storage_backend_extra_config"))
+        threshold = extra.pop("prefetch_threshold", 256)
+        if not isinstance(threshold, int):
+            raise StorageError(
+                f"prefetch_threshold must be int, got {type(threshold).__name__}")
+        self.prefetch_threshold = threshold
+        base = extra.pop("prefetch_timeout_base", 1)
+        per_ki = extra.pop("prefetch_timeout_per_ki_token", 0.25)
+        for name, val in (("prefetch_timeout_base", base),
+                          ("prefetch_timeout_per_ki_token", per_ki)):
+            if isinstance(val, bool) or not isinstance(val, (int, float)):
+                raise StorageError(f"{name} must be number, got {type(val).__name__}")
+        self.prefetch_timeout_base, self.prefetch_timeout_per_ki = float(base), float(per_ki)
+        self.prefetch_policy = str(values.get("hicache_storage_prefetch_policy") or "timeout")
+        extra.pop("hicache_storage_pass_prefix_keys", None)
+        if values.get("file_storage_path"):
+            extra.setdefault("file_storage_path", values["file_storage_path"])
+        from .storage import DEFAULT_DIR, FileStorage
+        env = dict(os.environ)
+        path = (env.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or
+                extra.get("file_storage_path") or DEFAULT_DIR)
+        bpt = settings.storage_bytes_per_token or sizes.kv_bytes_per_token
+        storage = FileStorage(file_path=path, model_path=str(values.get("model_path") or ""),
+                              tp_size=int(values.get("tp_size") or 1), page_size=self.page_size,
+                              bytes_per_token=bpt, extra=extra, env=env, log=log)
+        log(f"SIMULATOR L3 storage: HiCacheFile at {path}, {storage.bytes_per_token} B per "
+            f"token per rank, prefetch_threshold={threshold}, prefetch policy "
+            f"{self.prefetch_policy} (timeout {base} s + {per_ki} s per 1024 tokens)")
+        return storage
+
+    def _prefetch_cut(self, match) -> None:
+        """What of a storage hit arrives before the request runs, per
+        --hicache-storage-prefetch-policy (unified_radix_cache._can_terminate_prefetch):
+        wait_complete waits for all of it; timeout (0.5.23's default) waits at most
+        base + per_ki_token x requested tokens / 1024 seconds (modelled seconds here) and keeps
+        what was read by then; best_effort does not wait: an idle server schedules the request
+        at once, so the simulator counts nothing as prefetched in time."""
+        hit = match.storage_tokens
+        if hit <= 0 or self.prefetch_policy == "wait_complete":
+            return
+        if self.prefetch_policy == "best_effort":
+            kept = 0
+        else:
+            timeout = self.prefetch_timeout_base + self.prefetch_timeout_per_ki * hit / 1024
+            kept = min(hit, int(timeout * self.settings.storage_load_rate))
+            kept = kept // self.page_size * self.page_size
+        if kept < hit:
+            self.log(f"SIMULATOR prefetch ({self.prefetch_policy}) stopped at {kept} of {hit} "
+                     "storage tokens")
+            match.storage_tokens = kept
 
     # ---------------------------------------------------------------- helpers
     def scaled_sleep_until(self, deadline: float) -> None:
@@ -244,8 +349,12 @@ class Engine:
                     match = self.cache.match(self._match_limit(req, data))
                     locked = match.path
                     self.cache.lock(locked, +1)
+                self._prefetch_cut(match)
                 uncached = n - match.cached_tokens
-                modelled = uncached / self.prefill_rate + match.host_tokens / self.settings.load_rate
+                # a storage hit is read from disk into the host pool, then loaded like a host hit
+                modelled = (uncached / self.prefill_rate
+                            + (match.host_tokens + match.storage_tokens) / self.settings.load_rate
+                            + match.storage_tokens / self.settings.storage_load_rate)
                 wait = modelled_wait(modelled, scale, time.monotonic() - t_start)
                 if wait > 0:
                     time.sleep(wait)
@@ -262,7 +371,8 @@ class Engine:
             meta_base = {
                 "prompt_tokens": n,
                 "cached_tokens": match.cached_tokens,
-                "details": self._details(match.device_tokens, match.host_tokens),
+                "details": self._details(match.device_tokens, match.host_tokens,
+                                         match.storage_tokens),
                 "ttft": ttft,
                 "input_logprobs": self._input_logprobs(req, data, out) if req.return_logprob
                 else None,
@@ -272,6 +382,7 @@ class Engine:
                     "uncached_tokens": uncached,
                     "device_hit_tokens": match.device_tokens,
                     "host_hit_tokens": match.host_tokens,
+                    "storage_hit_tokens": match.storage_tokens,
                     "time_scale": scale,
                     "queue_s": t_start - t_arrive,
                     "corrupted_from": out.corrupt_from,
@@ -279,7 +390,8 @@ class Engine:
             }
             total = max(0, req.max_new_tokens)
             if total == 0:
-                self._record(req, n, 0, match.device_tokens, match.host_tokens, ttft)
+                self._record(req, n, 0, match.device_tokens, match.host_tokens, ttft,
+                             match.storage_tokens)
                 yield Event(-1, "", 0, True, dict(meta_base, completion_tokens=0))
                 return
             decode_dt = scale / self.settings.decode_rate
@@ -291,7 +403,8 @@ class Engine:
                     raise ConnectionAbortedError("[sglang-sim] SIMULATOR fault cut_stream")
                 finished = i == total - 1
                 if finished:
-                    self._record(req, n, total, match.device_tokens, match.host_tokens, ttft)
+                    self._record(req, n, total, match.device_tokens, match.host_tokens, ttft,
+                                 match.storage_tokens)
                     elapsed = time.monotonic() - t_first
                     if elapsed > 0 and total > 1:
                         self.metrics.last_gen_throughput = (total - 1) / elapsed
@@ -360,13 +473,19 @@ class Engine:
                          (token_id + 104_729 * r + index) % out.vocab))
         return rows
 
-    def _details(self, device: int, host: int) -> dict[str, int] | None:
-        if device > 0 or host > 0:
-            return {"device": device, "host": host}
+    def _details(self, device: int, host: int, storage: int = 0) -> dict[str, Any] | None:
+        """output_streamer.get_cached_tokens_details: storage and storage_backend (the backend
+        class name) only when an L3 backend is attached."""
+        if device > 0 or host > 0 or storage > 0:
+            details: dict[str, Any] = {"device": device, "host": host}
+            if self.storage is not None:
+                details["storage"] = storage
+                details["storage_backend"] = self.storage_backend_type
+            return details
         return None
 
     def _record(self, req: SimRequest, prompt: int, completion: int, device: int, host: int,
-                ttft: float) -> None:
+                ttft: float, storage: int = 0) -> None:
         if not req.log_metrics:
             return
         label = "true" if req.stream else "false"
@@ -375,11 +494,11 @@ class Engine:
             m.prompt_tokens[label] += prompt
             m.generation_tokens[label] += completion
             m.num_requests[label] += 1
-            for source, value in (("device", device), ("host", host)):
+            for source, value in (("device", device), ("host", host), ("storage", storage)):
                 if value > 0:
                     m.cached_by_source[source] = m.cached_by_source.get(source, 0) + value
             m.ttft[label].append(ttft)
-            m.last_hit_rate = (device + host) / prompt if prompt else 0.0
+            m.last_hit_rate = (device + host + storage) / prompt if prompt else 0.0
 
     # ---------------------------------------------------------------- state
     def snapshot(self) -> dict[str, Any]:
@@ -390,4 +509,5 @@ class Engine:
                 "cached_blocks": len(self.cache.nodes),
                 "running": self.running,
                 "queued": self.queued,
+                **(self.storage.snapshot() if self.storage is not None else {}),
             }

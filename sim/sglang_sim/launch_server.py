@@ -14,7 +14,7 @@ import time
 
 from . import LOG_TAG, SGLANG_VERSION, SIM_VERSION
 from .args import LaunchArgs, UsageError, parse_argv, usage_exit
-from .engine import Engine
+from .engine import Engine, StorageError
 from .model import StartupError, check_host_memory, read_model, size_pools
 from .server import SimState, make_server, serve_in_thread
 from .settings import Settings, SettingsError, load_settings
@@ -92,10 +92,19 @@ def run(argv: list[str], settings: Settings | None = None) -> int:
             v["tokenizer_path"] = v["model_path"]
         if v.get("enable_hierarchical_cache") and v.get("hicache_ratio") is None:
             v["hicache_ratio"] = 1.2 if v.get("hicache_host_memory_mode") == "buffer_only" else 2.0
+        if (v.get("enable_hierarchical_cache") and v.get("hicache_host_memory_mode") == "buffer_only"
+                and v.get("hicache_write_policy") == "write_back"):
+            # hicache_hook.validate_hicache_host_memory_mode: buffer_only has no host tier
+            v["hicache_write_policy"] = "write_through"
+            log("--hicache-host-memory-mode buffer_only resolves --hicache-write-policy "
+                "write_back to write_through (SIMULATOR, as SGLang 0.5.23)")
         sizes = size_pools(model, v, settings)
     except StartupError as err:
         return _fail(log, str(err))
-    engine = Engine(v, model, sizes, settings, log)
+    try:
+        engine = Engine(v, model, sizes, settings, log)
+    except StorageError as err:
+        return _fail(log, f"ValueError: Failed to create storage backend: {err}")
     if v.get("max_running_requests") is None:
         v["max_running_requests"] = engine.max_running
     state = SimState(args, model, sizes, settings, engine, log)

@@ -82,6 +82,8 @@ class SimState:
             "device_pool_tokens": self.sizes.device_tokens,
             "host_pool_tokens": self.sizes.host_tokens,
             "host_tier_in_use": e.host_tier_used,
+            "storage_tier_in_use": e.storage is not None,
+            "storage_load_rate_tokens_per_s": self.settings.storage_load_rate,
             "fault": self.settings.fault or None,
             "time_scale": self.settings.time_scale,
             "prefill_rate_tokens_per_s": e.prefill_rate,
@@ -476,6 +478,14 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._text(400, message or "Flush cache failed.\n")
 
+    def h_clear_storage(self, url) -> None:
+        """POST /hicache/storage-backend/clear (scheduler.clear_hicache_storage_wrapped: 200 when
+        HiCache is on, the L3 files removed if a backend is attached; else 400)."""
+        self._body()
+        engine = self.state.engine
+        ok = engine.hicache and (engine.storage is None or engine.storage.clear())
+        self._text(200 if ok else 400, "Hierarchical cache storage backend cleared.\n")
+
     # ------------------------------------------------------------ tokenize
     def h_tokenize(self, url) -> None:
         body = self._body()
@@ -789,6 +799,7 @@ for _method, _path, _fn in [
     ("GET", "/metrics", Handler.h_metrics),
     ("GET", "/flush_cache", Handler.h_flush_cache),
     ("POST", "/flush_cache", Handler.h_flush_cache),
+    ("POST", "/hicache/storage-backend/clear", Handler.h_clear_storage),
     ("POST", "/generate", Handler.h_generate),
     ("PUT", "/generate", Handler.h_generate),
     ("POST", "/v1/completions", Handler.h_completions),

@@ -330,3 +330,83 @@ def test_hybrid_host_pool_is_split_with_the_mamba_pool_as_the_plan_expects(model
     # Without --max-mamba-cache-size (auto-sized Mamba pool) all GB stay with the KV pool, as before.
     auto = [a for a in SEED_MAMBA_ARGS if a not in ("--max-mamba-cache-size", "20")]
     assert _sizes(model_dir, [*auto, *hicache]).host_tokens == int(int(size_gb) * 10**9 // 32_768) + 1
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("200G", 200 * 10**9), ("1Gi", 2**30), ("25.6k", 25_600), ("1048576", 1_048_576),
+    ("0", 0), ("", 0), (None, 0), ("1.5Gi", 0), ("lots", 0), ("1g", 0),
+])
+def test_file_backend_sizes_parse_as_human_readable_int(raw, expected):
+    from sglang_sim.storage import parse_size
+
+    assert parse_size(raw) == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("0.5", 0.5), ("1", 1.0), ("0", 0.9),
+                                               ("1.5", 0.9), ("x", 0.9)])
+def test_file_backend_eviction_ratio_falls_back_to_0_9(tmp_path, raw, expected):
+    from sglang_sim.storage import FileStorage
+
+    st = FileStorage(file_path=str(tmp_path / "d"), model_path="/m", tp_size=1, page_size=1,
+                     bytes_per_token=8, extra={},
+                     env={"SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO": raw,
+                          "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE": "1k"},
+                     log=lambda *a: None)
+    assert st.eviction_ratio == expected
+    assert st.max_size_bytes == 1000
+
+
+def test_l3_backup_runs_off_the_request_path(tmp_path):
+    """A request does not wait for its pages to reach the disk (0.5.23 backs up in a thread):
+    insert returns while the storage writer is still blocked; the pages land afterwards."""
+    import threading
+
+    from sglang_sim.storage import FileStorage
+
+    st = FileStorage(file_path=str(tmp_path / "d"), model_path="/m", tp_size=1, page_size=1,
+                     bytes_per_token=8, extra={}, env={}, log=lambda *a: None)
+    gate = threading.Event()
+    real_set = st.set
+
+    def slow_set(*args):
+        assert gate.wait(10)
+        return real_set(*args)
+
+    st.set = slow_set
+    cache = PrefixCache(device_capacity=10_000, host_capacity=10_000, page_size=1,
+                        block_tokens=4, storage=st)
+    data = canonical(list(range(1000, 1040)))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (cache.insert(data), done.set()), daemon=True)
+    worker.start()
+    assert done.wait(5), "insert waited for the L3 write"
+    assert st.pending
+    assert not [f for f in (tmp_path / "d").iterdir() if f.suffix == ".bin"]
+    gate.set()
+    for _ in range(500):
+        if not st.pending:
+            break
+        threading.Event().wait(0.01)
+    assert not st.pending
+    assert len([f for f in (tmp_path / "d").iterdir() if f.suffix == ".bin"]) >= 5
+
+
+def test_l3_min_free_space_refuses_a_write_that_would_undercut_it(tmp_path):
+    from sglang_sim.storage import FileStorage
+
+    logs = []
+    st = FileStorage(file_path=str(tmp_path / "d"), model_path="/m", tp_size=2, page_size=1,
+                     bytes_per_token=8, extra={},
+                     env={"SGLANG_HICACHE_FILE_BACKEND_MIN_FREE_SPACE": "1000Ti"},
+                     log=lambda msg, *a: logs.append(msg))
+    assert st.min_free_bytes == 1000 * 2**40
+    assert st.set("ab" * 32, b"1,2,3,", 3) is False
+    assert list((tmp_path / "d").iterdir()) == []
+    assert any("would fall below min_free" in m and "SIMULATOR" in m for m in logs)
+    roomy = FileStorage(file_path=str(tmp_path / "e"), model_path="/m", tp_size=2, page_size=1,
+                        bytes_per_token=8, extra={"min_free_space": "1k"}, env={},
+                        log=lambda *a: None)
+    assert roomy.set("ab" * 32, b"1,2,3,", 3) is True
+    assert sorted(f.name for f in (tmp_path / "e").iterdir()) == [
+        "ab" * 32 + "_-m_0_2.bin", "ab" * 32 + "_-m_1_2.bin"]
+    assert (tmp_path / "e" / ("ab" * 32 + "_-m_0_2.bin")).stat().st_size == 24
