@@ -140,6 +140,8 @@ class Engine:
         self.prefill_rate = settings.prefill_rate / (
             settings.slow_factor if "slow_prefill" in faults else 1.0
         )
+        # degrade_under_traffic: generate requests answered so far (the fault slows those after the Nth)
+        self.generate_count = 0
         self.prefetch_threshold = 256
         self.prefetch_policy = "timeout"
         self.prefetch_timeout_base, self.prefetch_timeout_per_ki = 1.0, 0.25
@@ -355,6 +357,12 @@ class Engine:
                 modelled = (uncached / self.prefill_rate
                             + (match.host_tokens + match.storage_tokens) / self.settings.load_rate
                             + match.storage_tokens / self.settings.storage_load_rate)
+                self.generate_count += 1
+                if ("degrade_under_traffic" in self.settings.faults
+                        and self.generate_count > self.settings.degrade_after):
+                    # slower prefill, and even a cached prompt pays part of a cold one (a pool under pressure)
+                    modelled = (modelled * self.settings.slow_factor
+                                + 0.05 * (self.settings.slow_factor - 1) * n / self.prefill_rate)
                 wait = modelled_wait(modelled, scale, time.monotonic() - t_start)
                 if wait > 0:
                     time.sleep(wait)

@@ -15,6 +15,10 @@ FAULTS = (
     "corrupt_host_tier",
     "corrupt_device_tier",
     "pool_mismatch",
+    # Issue 28: TTFT grows by SGLANG_SIM_SLOW_FACTOR once the server has answered
+    # SGLANG_SIM_DEGRADE_AFTER generate requests: any single probe (a few requests) passes, real
+    # traffic afterwards sees it (what a bake on live metrics must catch).
+    "degrade_under_traffic",
 )
 
 # Calibration to the seed report (two RX 7900 XTX, TP=2, 27B W4A16 hybrid model):
@@ -79,6 +83,7 @@ class Settings:
     decode_rate: float = 25.0
     slow_factor: float = 10.0
     cut_after: int = 2
+    degrade_after: int = 100
     block_tokens: int = 128
     fault: str = ""
 
@@ -116,6 +121,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         decode_rate=_float(env, "SGLANG_SIM_DECODE_RATE", 25.0, 1e-9),
         slow_factor=_float(env, "SGLANG_SIM_SLOW_FACTOR", 10.0, 1.0),
         cut_after=int(_float(env, "SGLANG_SIM_CUT_AFTER", 2)),
+        degrade_after=max(0, int(_float(env, "SGLANG_SIM_DEGRADE_AFTER", 100))),
         block_tokens=max(1, int(_float(env, "SGLANG_SIM_BLOCK_TOKENS", 128, 1))),
         fault=fault,
     )

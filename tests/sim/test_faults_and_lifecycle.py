@@ -156,6 +156,24 @@ def test_fault_slow_prefill_scales_the_modelled_prefill(sim_factory):
     assert slow_s / fast_s == pytest.approx(10.0, rel=1e-6)
 
 
+def test_fault_degrade_under_traffic_passes_a_probe_then_slows_live_traffic(sim_factory):
+    """The first SGLANG_SIM_DEGRADE_AFTER requests are as fast as a healthy server's (a probe
+    passes); every later one is slower, even a cached prompt."""
+    sim = sim_factory(SMALL_HICACHE_ARGS, {**SMALL_ENV, "SGLANG_SIM_FAULT": "degrade_under_traffic",
+                                           "SGLANG_SIM_DEGRADE_AFTER": "3", "SGLANG_SIM_SLOW_FACTOR": "10"})
+    ids = _ids(5, 2000)
+    cold = _gen(sim, ids)["meta_info"]["sglang_sim"]["modelled_prefill_s"]
+    warm = _gen(sim, ids)["meta_info"]
+    assert warm["cached_tokens"] >= 1999
+    assert warm["sglang_sim"]["modelled_prefill_s"] < 0.01 * cold  # a device hit: about free
+    _gen(sim, _ids(6, 2000))  # the third request
+    late_cold = _gen(sim, _ids(7, 2000))["meta_info"]["sglang_sim"]["modelled_prefill_s"]
+    late_warm = _gen(sim, ids)["meta_info"]
+    assert late_cold == pytest.approx(10 * cold + 0.45 * cold, rel=1e-3)
+    assert late_warm["cached_tokens"] >= 1999
+    assert late_warm["sglang_sim"]["modelled_prefill_s"] > 0.4 * cold  # a cached prompt is slow too
+
+
 def test_timing_model_matches_the_seed_at_128k(sim_factory):
     """Cold 128K ~ 192 s, device hit ~ free, host hit ~ 2.65 s (modelled), and the simulated
     wall-clock TTFTs keep the cold/host ordering with a wide margin."""
