@@ -155,6 +155,8 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
         f"{sum(row['verdict'] not in ('not reached', 'unreachable') for row in rows)} · "
         f"verdict: **{md(run.get('verdict', '?'))}**",
         "",
+        # The webhook's answer (callback_plugins/rollout_outcome.py, rollout_notify_url).
+        *([f"notify: {md(run['notify'])}", ""] if run.get("notify") else []),
         *([f"> {md(run['note'])}", ""] if run.get("note") else []),
         "Each host was probed like the field report's A/B: a cold read of random token ids (a random "
         "block repeated) after flushing the cache, then the same prefix again (for the host tier, after "
@@ -348,6 +350,8 @@ def cmd_rollout(run_dir: Path) -> int:
     outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else None
     run["verdict"], ended, not_reached = rollout_outcome(run, records, outcome)
     run["not_reached"] = not_reached
+    if (outcome or {}).get("notify"):
+        run["notify"] = str(outcome["notify"])
     order = {host: index for index, host in enumerate(run.get("hosts") or [])}
     table = sorted(
         [*records, *ended, *({"host": h, "verdict": "not reached", "probe": {}} for h in not_reached)],
