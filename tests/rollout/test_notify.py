@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -313,3 +314,98 @@ def test_notify_settings_are_checked_naming_the_variable_never_the_url(value, ti
     errors = rollout_filters.rollout_notify_errors(value, timeout)
     assert [error.split(" ")[0].split("=")[0] for error in errors] == wrong
     assert all(URL_PASSWORD not in error and "hooks.example" not in error for error in errors)
+
+
+# --- As Ansible runs it: the real `open` on localhost (as tests/rollout/test_lock_play.py runs it), the
+# run ending there, the real callback posting; secrets seeded in the inventory and passed with -e.
+OPEN_PLAYBOOK = """
+- name: Open a run as playbooks/rollout.yml does
+  hosts: sglang_hosts
+  gather_facts: false
+  tasks:
+    - name: Open
+      ansible.builtin.include_role: {name: rollout, tasks_from: open}
+"""
+
+
+def ansible_open(tmp_path: Path, notify: dict) -> subprocess.CompletedProcess:
+    state, reports = tmp_path / "state", tmp_path / "reports"
+    (tmp_path / "site.yml").write_text(OPEN_PLAYBOOK, encoding="utf-8")
+    host = {"ansible_connection": "local", "ansible_host": "127.0.0.1", "ansible_python_interpreter": sys.executable}
+    inventory = {"sglang_hosts": {"hosts": {"node-1": host}, "vars": {**SECRETS, **notify}}}
+    (tmp_path / "hosts.yml").write_text(json.dumps(inventory), encoding="utf-8")
+    variables = {
+        "_rollout_host_state_dir": str(state),
+        "rollout_lock_path": f"{state}/rollout.lock",
+        "rollout_record_path": f"{state}/validated.json",
+        "rollout_converged_path": f"{state}/converged.json",
+        "rollout_report_dir": str(reports),
+    }
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FACT_CACHING="memory")
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
+         str(tmp_path / "site.yml"), "-e", json.dumps(variables), "-e", f"rollout_router_api_key={HEADER_TOKEN}"],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+    )
+
+
+def test_a_real_run_end_posts_once_with_no_secret(tmp_path, receiver):
+    rx = receiver()
+    done = ansible_open(tmp_path, {"rollout_notify_url": url(rx, f"/services/{PATH_TOKEN}"),
+                                   "rollout_notify_format": "slack"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert len(rx.bodies) == 1
+    message = json.loads(rx.bodies[0])
+    assert message["text"].startswith("hicache-fleet rollout ")
+    no_secret_in(rx.bodies[0].decode() + done.stdout + done.stderr)
+    assert "notify: sent (slack, HTTP 200)" in done.stdout
+    (run_dir,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
+    assert "notify: sent (slack, HTTP 200)" in (run_dir / "rollout.md").read_text()
+
+
+def test_a_url_with_credentials_refuses_the_run_before_the_lock_naming_the_variable_not_the_url(tmp_path, receiver):
+    rx = receiver()
+    done = ansible_open(tmp_path, {"rollout_notify_url": f"http://hook:{URL_PASSWORD}@127.0.0.1:{rx.port}/x"})
+    assert done.returncode != 0
+    assert "rollout_notify_url is not an http(s)://HOST[:PORT]/PATH URL without user:password@" in done.stdout
+    no_secret_in(done.stdout + done.stderr)
+    assert not (tmp_path / "state").exists()
+    assert not (tmp_path / "reports").exists()
+    assert rx.bodies == []
+
+
+CHECK_PLAYBOOK = """
+- name: The rollout role's argument check, as preflight runs it
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Check
+      ansible.builtin.import_role: {name: rollout, tasks_from: argument_check, rolespec_validate: false}
+    - name: Errors
+      ansible.builtin.copy:
+        content: "{{ rollout_argument_check.argument_errors | default([]) | to_json }}"
+        dest: "{{ playbook_dir }}/errors.json"
+        mode: "0600"
+"""
+
+
+@pytest.mark.parametrize(("extra", "wrong"), [
+    ({}, []),
+    ({"rollout_notify_url": f"https://u:{URL_PASSWORD}@127.0.0.1/x"}, ["rollout_notify_url"]),
+    ({"rollout_notify_url": "https://127.0.0.1/x", "rollout_notify_timeout_s": 0}, ["rollout_notify_timeout_s"]),
+    ({"rollout_notify_format": "teams"}, ["rollout_notify_format"]),
+])
+def test_preflights_argument_check_names_a_bad_notify_setting(tmp_path, extra, wrong):
+    (tmp_path / "check.yml").write_text(CHECK_PLAYBOOK, encoding="utf-8")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FACT_CACHING="memory")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         str(tmp_path / "check.yml"), "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    errors = json.loads((tmp_path / "errors.json").read_text())
+    assert [name for name in wrong if not any(name in error for error in errors)] == []
+    assert len(errors) == len(wrong), errors
+    assert URL_PASSWORD not in done.stdout
