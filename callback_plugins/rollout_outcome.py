@@ -283,7 +283,8 @@ class CallbackModule(CallbackBase):
         done = subprocess.run([*command, str(run_dir)], capture_output=True, text=True, check=False)
         report = json.loads((run_dir / "rollout.json").read_text()) if done.returncode == 0 else {}
         verdict = (report.get("run") or {}).get("verdict", f"report failed: {done.stderr[-300:]}")
-        notified = self._notify(run, run_dir, report, verdict)
+        # Check mode changes nothing and tells no one: no message.
+        notified = None if checked else self._notify(run, run_dir, report, verdict)
         if notified:
             outcome["notify"] = notified
             _write_private(run_dir / "outcome.json", json.dumps(outcome, indent=2) + "\n")

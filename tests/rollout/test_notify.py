@@ -143,7 +143,8 @@ RUNS = {
 }
 
 
-def run_once(tmp_path: Path, name: str, notify: dict, records: list[dict], unreachable: tuple[str, ...] = ()):
+def run_once(tmp_path: Path, name: str, notify: dict, records: list[dict], unreachable: tuple[str, ...] = (),
+             check_mode: bool = False):
     """One run end: an inventory (seeded secrets + notify settings), run.json as open writes it, the
     hosts' records, then the callback's events. Returns (run_dir, display)."""
     from ansible.inventory.manager import InventoryManager
@@ -165,7 +166,7 @@ def run_once(tmp_path: Path, name: str, notify: dict, records: list[dict], unrea
     run_dir = base / "reports" / "20261203T000000Z"
     (run_dir / "hosts").mkdir(parents=True)
     run = {"run_id": run_dir.name, "inventory": "inventories/test", "hosts": ["h1", "h2", "h3"],
-           "check_mode": False, "locked": [], "note": "",
+           "check_mode": check_mode, "locked": [], "note": "",
            "lock": {"run_id": run_dir.name, "controller": "c", "pid": os.getpid(), "started": "2026-12-03T00:00:00Z"},
            "lock_paths": {"controller": str(base / "controller.lock")},
            "report_command": [sys.executable, str(REPORT), "rollout"]}
@@ -289,6 +290,13 @@ def test_no_url_no_message_and_no_notify_line(tmp_path, receiver):
     assert rx.bodies == []
     assert "notify:" not in (run_dir / "rollout.md").read_text()
     assert "notify" not in json.loads((run_dir / "outcome.json").read_text())
+
+
+def test_check_mode_sends_nothing(tmp_path, receiver):
+    rx = receiver()
+    run_dir, _display = run_once(tmp_path, "check", {"rollout_notify_url": url(rx)}, *RUNS["passed"], check_mode=True)
+    assert rx.bodies == []
+    assert "check mode" in (run_dir / "rollout.md").read_text()
 
 
 def test_the_callbacks_defaults_are_the_roles():
