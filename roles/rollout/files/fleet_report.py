@@ -179,6 +179,8 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
         f"{sum(row['verdict'] not in ('not reached', 'unreachable') for row in rows)} · "
         f"verdict: **{md(run.get('verdict', '?'))}**",
         "",
+        # The webhook's answer (callback_plugins/rollout_outcome.py, rollout_notify_url).
+        *([f"notify: {md(run['notify'])}", ""] if run.get("notify") else []),
         *([f"> {md(run['note'])}", ""] if run.get("note") else []),
         "Each host was probed like the field report's A/B: a cold read of random token ids (a random "
         "block repeated) after flushing the cache, then the same prefix again (for the host tier, after "
@@ -389,6 +391,8 @@ def cmd_rollout(run_dir: Path) -> int:
     run["paused"] = paused
     waiting = [h for h in (paused or {}).get("left") or [] if h not in {r.get("host") for r in [*records, *ended]}
                and h not in not_reached] if run["verdict"].startswith("paused") else []
+    if (outcome or {}).get("notify"):
+        run["notify"] = str(outcome["notify"])
     order = {host: index for index, host in enumerate(run.get("hosts") or [])}
     table = sorted(
         [*records, *ended, *({"host": h, "verdict": "not reached", "probe": {}} for h in not_reached),

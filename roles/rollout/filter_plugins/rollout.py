@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import statistics
 import urllib.parse
 from collections.abc import Mapping
@@ -207,6 +208,30 @@ def rollout_inventory_label(sources: list[str], cwd: str | None) -> str:
     return ", ".join(labels)
 
 
+_NOTIFY_URL = re.compile(r"^https?://[^/@\s?#]+(/\S*)?$")
+
+
+def rollout_notify_errors(url: Any, timeout: Any = 10) -> list[str]:
+    """What is wrong with the notification settings (issue 28): rollout_notify_url empty (off) or an
+    http(s) URL without user:password@; rollout_notify_timeout_s 1 to 120 seconds. The URL is never
+    repeated (a webhook URL is a secret)."""
+    errors = []
+    text = "" if url is None else str(url)
+    if text and not _NOTIFY_URL.match(text):
+        errors.append(
+            "rollout_notify_url is not an http(s)://HOST[:PORT]/PATH URL without user:password@ (its value is not "
+            "shown: it is a secret): set the webhook's URL, put credentials into rollout_notify_headers (e.g. "
+            "Authorization), or set it to \"\" for no notification"
+        )
+    try:
+        seconds = int(timeout)
+    except (TypeError, ValueError):
+        seconds = 0
+    if not 1 <= seconds <= 120 or isinstance(timeout, bool):
+        errors.append(f"rollout_notify_timeout_s={timeout!r} is not 1 to 120 seconds: set a whole number of seconds")
+    return errors
+
+
 def rollout_router_worker_url(base: str, worker_id: Any) -> str:
     """The router's URL of one worker, ``<base>/workers/<id>``, the id (which the router supplied)
     percent-encoded whole (``/``, ``?``, ``#``, ``..`` cannot steer the request elsewhere)."""
@@ -247,6 +272,7 @@ def rollout_warm_summary(result: Any) -> dict[str, Any]:
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "rollout_notify_errors": rollout_notify_errors,
             "rollout_gate_summary": rollout_gate_summary,
             "rollout_gate_reasons": rollout_gate_reasons,
             "rollout_gate_baseline": rollout_gate_baseline,
