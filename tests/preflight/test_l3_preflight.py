@@ -120,3 +120,10 @@ def test_a_limit_that_fits_passes(tmp_path):
     run = _run(tmp_path, 0.001)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert f"L3 PASSED {tmp_path}/l3/main/" in run.stdout
+
+
+def test_the_service_checks_include_the_tiers():
+    table = json.loads((ROOT / "roles" / "preflight" / "files" / "sglang-flags.json").read_text())
+    plan = [entry(hicache=False, l3={}, port=30987, bind="127.0.0.1", profile="p", profile_known=True, argv=[])]
+    found = pf.service_findings(plan, [{"name": "main", "port": 30987}], table, {"profiles": ["p"]})
+    assert any("needs HiCache" in finding for finding in found), found
