@@ -175,3 +175,10 @@ def test_the_instance_key_turns_it_on_for_that_instance_only(rendered):
     assert plan["main"]["l3"]["dir"].startswith("/var/lib/sglang/l3/main/")
     assert plan["two"]["l3"] == {}
     assert "--hicache-storage-backend" not in _exec_start(units["sglang-two.service"])
+
+
+def test_a_release_record_gives_the_directories_a_rollback_makes():
+    l3 = {"id": "0123456789abcdef", "root": "/srv/l3", "dir": "/srv/l3/a/0123456789abcdef"}
+    record = json.loads(json.dumps(F.release_record({"name": "a", "args": ARGS, "l3": l3}, "/opt/v/r/bin/python")))
+    assert F.l3_directories([record, {"name": "old"}], "sglang", "sglang")[-1] == {
+        "path": "/srv/l3/a/0123456789abcdef", "owner": "sglang", "group": "sglang", "mode": "0700"}
