@@ -660,7 +660,85 @@ def service_findings(
                         f"its --context-length {context}; lower {variable} or raise --context-length."
                     )
     found.extend(probe_pool_findings(plan, probe))
+    found.extend(l3_findings(plan))
     return found
+
+
+def l3_findings(plan: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The L3 tier (sglang_service_l3_enabled, an instance's l3_enabled): it needs HiCache, a size limit
+    > 0, an eviction ratio in (0, 1] (SGLang falls back to 0.9 silently otherwise), SGLang's `file`
+    backend (not another --hicache-storage-backend), and a directory apart from every instance's
+    state directory (its home, releases and caches)."""
+    found: list[str] = []
+    for entry in plan:
+        unit, l3 = entry.get("unit"), entry.get("l3") or {}
+        if entry.get("l3_requested") and not entry.get("hicache"):
+            found.append(
+                f"{unit}: the L3 tier (sglang_service_l3_enabled, or the instance's l3_enabled) needs HiCache, which "
+                "is off for it; turn HiCache on (sglang_service_hicache_enabled / the instance's hicache_enabled) "
+                "or set l3_enabled: false."
+            )
+        if not l3:
+            continue
+        size = l3.get("max_size_bytes")
+        if not isinstance(size, int) or size <= 0:
+            found.append(
+                f"{unit}: the L3 tier needs a size limit; set sglang_service_l3_max_size_gb to the GB (1e9 bytes) "
+                "its directory may hold (> 0), or turn the tier off (sglang_service_l3_enabled: false)."
+            )
+        try:
+            ratio = float(l3.get("eviction_ratio"))
+        except (TypeError, ValueError):
+            ratio = -1.0
+        if not 0.0 < ratio <= 1.0:
+            found.append(
+                f"{unit}: sglang_service_l3_eviction_ratio = {l3.get('eviction_ratio')!r} is not in (0, 1] (SGLang "
+                "would use 0.9 instead, silently); set e.g. 0.9."
+            )
+        backend = (entry.get("args") or {}).get("--hicache-storage-backend")
+        if backend not in (None, "file"):
+            found.append(
+                f"{unit}: the L3 tier is SGLang's `file` backend, but its args set --hicache-storage-backend "
+                f"{backend}; drop that flag from sglang_service_hicache_args / the instance's args, or turn the "
+                "tier off (sglang_service_l3_enabled: false)."
+            )
+        root = str(l3.get("root") or "").rstrip("/")
+        for other in plan:
+            state = str(other.get("state_dir") or "").rstrip("/")
+            if root and state and (root == state or root.startswith(state + "/") or state.startswith(root + "/")):
+                found.append(
+                    f"{unit}: sglang_service_l3_dir = {root} overlaps the state directory of instance "
+                    f"{other.get('name')} ({state}); point sglang_service_l3_dir elsewhere or rename the instance."
+                )
+    return list(dict.fromkeys(found))
+
+
+def l3_disk_needs(plan: Sequence[Mapping[str, Any]], used: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Free disk the L3 tiers need (preflight tasks/disk.yml's needs): each instance's size limit less
+    what its identity's directory already holds (`used`: registered `du -sb` results per plan entry;
+    a directory not there yet holds nothing). Summed per filesystem by disk_needs_findings."""
+    held: dict[str, int] = {}
+    for result in used or []:
+        words = str(result.get("stdout") or "").split()
+        item = result.get("item") or {}
+        if words and words[0].isdigit() and not result.get("rc"):
+            held[str(item.get("name"))] = int(words[0])
+    needs = []
+    for entry in plan:
+        l3 = entry.get("l3") or {}
+        size = l3.get("max_size_bytes")
+        if not l3.get("dir") or not isinstance(size, int) or size <= 0:
+            continue
+        gb = size / 1e9
+        needs.append({
+            "path": l3["dir"],
+            "need_bytes": max(0, size - held.get(str(entry.get("name")), 0)),
+            "what": (f"the L3 tier of {entry.get('name')} (sglang_service_l3_max_size_gb = {gb:.12g} GB, less what its "
+                     "directory holds)"),
+            "fix": "Free space on that filesystem, point sglang_service_l3_dir at a larger one or lower "
+                   "sglang_service_l3_max_size_gb.",
+        })
+    return needs
 
 
 # The probe module's default filler_factor (module_utils/sglang_probe_measure.py ARGUMENT_SPEC), which the
@@ -891,4 +969,6 @@ class FilterModule:
             "preflight_bytes_needed": bytes_needed,
             "preflight_pool_gb": pool_gb,
             "preflight_ram_pools": ram_pools,
+            "preflight_l3_findings": l3_findings,
+            "preflight_l3_disk_needs": l3_disk_needs,
         }

@@ -38,6 +38,13 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
   whose release directory is gone (pruned, or never there).
 - ``sglang_service_redact(text, secrets)``: text (or lines) with every secret replaced by
   ``<redacted>``, and any value SGLang prints after ``--api-key`` / ``api_key=`` too.
+- ``sglang_service_l3_identity(args, sglang_release)``: the cache identity of an instance's L3 tier
+  (SGLang's ``file`` storage backend): what KV pages written to disk depend on, and ``id``, a short hash
+  of it that names the tier's directory.
+- ``sglang_service_l3_args(args, on)``: the launch arguments with ``--hicache-storage-backend file``
+  (before ``--host``) when the L3 tier is on.
+- ``sglang_service_l3_directories(plan, user, group)``: the L3 directories with their owner and mode.
+- ``sglang_service_prune_l3(found, kept)``: the L3 identity directories no kept release uses.
 """
 
 from __future__ import annotations
@@ -178,6 +185,9 @@ def release_record(instance: Mapping[str, Any], python: str) -> dict[str, Any]:
     record["venv"] = posixpath.dirname(posixpath.dirname(str(python)))
     args = instance.get("args") or {}
     record["model_paths"] = [str(args[flag]) for flag in _MODEL_FLAGS if args.get(flag)]
+    # The L3 tier's identity and directory, only when it is on (a release without one is written as before).
+    if instance.get("l3"):
+        record["l3"] = dict(instance["l3"])
     return record
 
 
@@ -246,6 +256,92 @@ def prune_caches(found: Sequence[Mapping[str, Any]], releases: Sequence[Any]) ->
     kept = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in releases or []}
     return [str(entry["path"]) for entry in found or []
             if str(entry["path"]).rstrip("/").rsplit("/", 1)[-1] not in kept]
+
+
+# --- L3 tier (SGLang's `file` storage backend) ---------------------------------------------------
+# What SGLang 0.5.23 resolves when a flag is absent (its argparse defaults; --page-size None is one
+# token per page, and a page_first layout with the direct io backend becomes page_first_direct,
+# srt/arg_groups/hicache_hook.py resolve_layout_io_compatibility).
+_L3_DEFAULTS = {"--dtype": "auto", "--kv-cache-dtype": "auto", "--page-size": 1, "--tp-size": 1, "--pp-size": 1,
+                "--hicache-mem-layout": "page_first", "--hicache-io-backend": "kernel"}
+
+
+def _flag(args: Mapping[str, Any], *names: str) -> Any:
+    for name in names:
+        value = args.get(name)
+        if value not in (None, False, ""):
+            return value
+    return _L3_DEFAULTS.get(names[0])
+
+
+def l3_identity(args: Mapping[str, Any], sglang_release: Any) -> dict[str, Any]:
+    """The cache identity of an instance's L3 tier: the model and draft revisions (their store paths
+    name the manifest's sha256, roles/models), the SGLang release, the model dtype (what a KV dtype of
+    `auto` follows), the KV dtype, page size, TP and PP size and the host memory layout the pages are
+    written in, as SGLang resolves them when a flag is absent. ``id`` (16 hex digits of its sha256)
+    names the directory: pages written under another identity are never read back as valid."""
+    args = args or {}
+    layout = str(_flag(args, "--hicache-mem-layout"))
+    if layout == "page_first" and str(_flag(args, "--hicache-io-backend")) == "direct":
+        layout = "page_first_direct"
+    identity = {
+        "model": str(args.get("--model-path") or ""),
+        "draft": str(args.get("--speculative-draft-model-path") or ""),
+        "sglang": str(sglang_release or ""),
+        "dtype": str(_flag(args, "--dtype")),
+        "kv_cache_dtype": str(_flag(args, "--kv-cache-dtype")),
+        "page_size": _whole(_flag(args, "--page-size")) or 1,
+        "tp_size": _whole(_flag(args, "--tp-size", "--tensor-parallel-size")) or 1,
+        "pp_size": _whole(_flag(args, "--pp-size", "--pipeline-parallel-size")) or 1,
+        "mem_layout": layout,
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return {**identity, "id": digest[:16]}
+
+
+def l3_args(args: Mapping[str, Any], on: Any) -> dict[str, Any]:
+    """`args` with ``--hicache-storage-backend file`` before ``--host`` when the L3 tier is `on` (a
+    backend the args already name stays: preflight refuses one other than ``file``)."""
+    if not on or "--hicache-storage-backend" in (args or {}):
+        return dict(args or {})
+    out: dict[str, Any] = {}
+    for key, value in (args or {}).items():
+        if key == "--host":
+            out["--hicache-storage-backend"] = "file"
+        out[key] = value
+    out.setdefault("--hicache-storage-backend", "file")
+    return out
+
+
+def l3_directories(plan: Sequence[Mapping[str, Any]], user: str, group: str) -> list[dict[str, str]]:
+    """The L3 directories in creation order: the root and <root>/<name> root's (0755: the service
+    cannot put a link there that prune would follow), <root>/<name>/<identity id> the service's,
+    0700 (no other user, not even its group, reads the KV pages)."""
+    dirs: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for instance in plan:
+        l3 = instance.get("l3") or {}
+        if not l3.get("dir"):
+            continue
+        for path, owner, grp, mode in ((l3["root"], "root", "root", "0755"),
+                                       (posixpath.dirname(l3["dir"]), "root", "root", "0755"),
+                                       (l3["dir"], user, group, "0700")):
+            if path not in seen:
+                seen.add(path)
+                dirs.append({"path": str(path), "owner": owner, "group": grp, "mode": mode})
+    return dirs
+
+
+def prune_l3(found: Sequence[Mapping[str, Any]], kept: Sequence[Any]) -> list[str]:
+    """L3 identity directories to delete: each found <root>/<name>/<id> that is not the `dir` of a kept
+    release's L3 tier (`kept`: L3 records or release records with an ``l3`` entry, or paths)."""
+    keep = set()
+    for entry in kept or []:
+        if isinstance(entry, Mapping):
+            entry = (entry.get("l3") or {}).get("dir") if "l3" in entry else entry.get("dir")
+        if entry:
+            keep.add(str(entry).rstrip("/"))
+    return [str(item["path"]) for item in found or [] if str(item["path"]).rstrip("/") not in keep]
 
 
 def _nice_json(value: Any) -> str:
@@ -533,4 +629,8 @@ class FilterModule:
             "sglang_service_prune_caches": prune_caches,
             "sglang_service_cache_directories": cache_directories,
             "sglang_service_rollback_cache_directories": rollback_cache_directories,
+            "sglang_service_l3_identity": l3_identity,
+            "sglang_service_l3_args": l3_args,
+            "sglang_service_l3_directories": l3_directories,
+            "sglang_service_prune_l3": prune_l3,
         }
