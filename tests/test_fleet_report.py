@@ -250,3 +250,15 @@ def test_the_report_shows_what_was_warm_when_each_host_rejoined(tmp_path):
     section = md.split("## Warm rejoin")[1]
     assert "| demo-1 | main | 48,000 | 0 | 2.4 s | docs.json |" in section
     assert "demo-2" not in section
+
+
+def test_the_report_shows_the_l3_tier_read_after_the_restart_and_after_a_flush(tmp_path):
+    with_l3 = probe(1900, 20)
+    with_l3["restart_hit"] = {"prompt_tokens": 32000, "storage_cached_tokens": 31999, "ttft_ms": 41.5}
+    with_l3["warm"]["storage"] = {"median_ttft_ms": 38.0, "storage_cached_fraction": 0.9999}
+    write_run(tmp_path, [{"host": "demo-1", "verdict": "passed", "probe": with_l3},
+                         {"host": "demo-2", "verdict": "passed", "probe": probe(1900, 20)}])
+    assert fleet_report.main(["rollout", str(tmp_path)]) == 0
+    section = (tmp_path / "rollout.md").read_text().split("## L3 storage tier")[1]
+    assert "| demo-1 | 31,999 of 32,000 tokens from storage, TTFT 41.5 ms | 100.0 % from storage, TTFT 38.0 ms |" in section
+    assert "demo-2" not in section

@@ -107,7 +107,28 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "pools": probe.get("pools") or {},
         "parity": gate.get("parity") if isinstance(gate.get("parity"), str) else None,
         "warm": record.get("warm") if isinstance(record.get("warm"), dict) else {},
+        "restart_hit": probe.get("restart_hit") if isinstance(probe.get("restart_hit"), dict) else {},
+        "storage": warm.get("storage") if isinstance(warm.get("storage"), dict) else {},
     }
+
+
+def storage_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 27 item 2: with the L3 tier, per host: the prefix it served before its restart, read
+    first after it (tokens from storage, TTFT), and the storage tier's own read (flushed, re-read)."""
+    lines = []
+    for row in rows:
+        hit, case = row.get("restart_hit") or {}, row.get("storage") or {}
+        if not hit and not case:
+            continue
+        before = (f"{int(hit.get('storage_cached_tokens') or 0):,} of {int(hit.get('prompt_tokens') or 0):,} tokens "
+                  f"from storage, TTFT {_ms(hit.get('ttft_ms'))}") if hit else "–"
+        flushed = (f"{_pct(case.get('storage_cached_fraction'))} from storage, TTFT {_ms(case.get('median_ttft_ms'))}"
+                   if case else "–")
+        lines.append(f"| {md(row['host'], True)} | {md(before, True)} | {md(flushed, True)} |")
+    if not lines:
+        return []
+    return ["", "## L3 storage tier", "", "| host | served before the restart, read first | flushed and re-read |",
+            "|---|---|---|", *lines]
 
 
 def warm_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -208,6 +229,7 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
                 lines.append(f"- **{md(row['host'])}**: {md(row['note'])}")
     lines += pool_lines(rows)
     lines += parity_lines(rows)
+    lines += storage_lines(rows)
     lines += warm_lines(rows)
     moves = [row for row in rows if row["router"]]
     if moves:

@@ -21,8 +21,10 @@ _CASE_KEYS = (
     "median_cached_tokens",
     "median_device_cached_tokens",
     "median_host_cached_tokens",
+    "median_storage_cached_tokens",
     "cached_fraction",
     "host_cached_fraction",
+    "storage_cached_fraction",
     "warm_cold_ratio",
     "speedup",
     "cache_report",
@@ -44,6 +46,9 @@ def rollout_gate_summary(result: dict[str, Any]) -> dict[str, Any]:
         "unit": instance.get("unit"),
         "config_hash": instance.get("config_hash"),
         "components": instance.get("components") or {},
+        # The L3 tier's cache identity the instance was validated with ('' without the tier): the next
+        # gate expects a prefix served before its restart back from storage only when it is the same.
+        "l3_id": (instance.get("l3") or {}).get("id", ""),
         "probe": {
             "input_len": (result.get("plan") or {}).get("input_len")
             or ((result.get("invocation") or {}).get("module_args") or {}).get("input_len"),
@@ -52,6 +57,8 @@ def rollout_gate_summary(result: dict[str, Any]) -> dict[str, Any]:
             "warm": {tier: _case(case) for tier, case in warm.items()},
             "gate": result.get("gate") or {},
             "pools": _pools(result.get("pools")),
+            # With the L3 tier: the prefix served before the restart, re-read first (tokens by tier, TTFT).
+            "restart_hit": result.get("restart_hit") or {},
         },
     }
 
@@ -184,11 +191,27 @@ def rollout_gate_baseline(
 
 
 def rollout_gate_tier(instance: Mapping[str, Any], setting: str = "auto") -> str:
-    """The probe tier of an instance: a fixed setting (device, host, both) applies as given; auto is
-    both (device and HiCache's host tier) when the instance runs HiCache, device when it does not."""
+    """The probe tier of an instance: a fixed setting (device, host, both, all) applies as given; auto
+    is all (device, host and the L3 storage tier) when the instance runs the L3 tier, both (device and
+    HiCache's host tier) when it runs HiCache, device when it does not."""
     if setting != "auto":
         return setting
+    if (instance.get("l3") or {}).get("id"):
+        return "all"
     return "both" if _truthy(instance.get("hicache")) else "device"
+
+
+def rollout_gate_restart_storage(instance: Mapping[str, Any], record: Any, minimum: float) -> float | None:
+    """Issue 27 item 2: the storage share the gate requires of the prefix this host served before its
+    restart (the previous gate's seeded prompt), re-read first after the restart: `minimum` when the
+    instance runs the L3 tier with the same cache identity it was last validated with, else None (not
+    checked: a new identity starts an empty directory that must never read the old one)."""
+    identity = (instance.get("l3") or {}).get("id")
+    instances = (record or {}).get("instances") if isinstance(record, Mapping) else None
+    before = (instances or {}).get(instance.get("name")) if isinstance(instances, Mapping) else None
+    if not identity or not isinstance(before, Mapping) or before.get("l3_id") != identity:
+        return None
+    return float(minimum)
 
 
 def _truthy(value: Any) -> bool:
@@ -277,6 +300,7 @@ class FilterModule:
             "rollout_gate_reasons": rollout_gate_reasons,
             "rollout_gate_baseline": rollout_gate_baseline,
             "rollout_gate_tier": rollout_gate_tier,
+            "rollout_gate_restart_storage": rollout_gate_restart_storage,
             "rollout_record": rollout_record,
             "rollout_order": rollout_order,
             "rollout_plan_summary": rollout_plan_summary,
