@@ -153,3 +153,48 @@ def test_both_hosts_are_in_the_router():
     urls = {w["url"] for w in workers["workers"]}
     for address in ADDRESS.values():
         assert f"http://{address}:30004" in urls, workers
+
+
+# --- Issue 27: the L3 tier and the warm rejoin, on the class rollout that ended the side effect -------
+HANDBOOK = Path(__file__).resolve().parents[1] / "warm" / "handbook.txt"
+
+
+def last_rollout() -> Path:
+    runs = [p for p in (EPHEMERAL / "reports").iterdir() if (p / "rollout.json").exists()]
+    assert runs, f"no rollout report under {EPHEMERAL / 'reports'}"
+    return max(runs, key=lambda p: (p / "rollout.json").stat().st_mtime)
+
+
+def test_after_the_class_rollout_each_host_read_its_earlier_prefix_back_from_storage():
+    report = json.loads((last_rollout() / "rollout.json").read_text())
+    records = {r["host"]: r for r in report["hosts"]}
+    assert set(records) == {"sizing-1", "sizing-2"}, records.keys()
+    for host, record in records.items():
+        assert record["verdict"] == "passed", record
+        probe = record["probe"]
+        hit = probe["restart_hit"]
+        assert hit["storage_cached_tokens"] >= 0.8 * hit["prompt_tokens"], (host, hit)
+        assert probe["warm"]["storage"]["storage_cached_fraction"] >= 0.8, (host, probe["warm"]["storage"])
+    md = (last_rollout() / "rollout.md").read_text()
+    assert "## L3 storage tier" in md
+    assert "## Warm rejoin" in md
+
+
+def test_the_l3_directory_is_the_services_alone_one_identity_kept(host):
+    entries = host.check_output("ls -1 /var/lib/sglang/l3/main").split()
+    assert len(entries) == 1, entries  # the class rollout kept the identity: one directory
+    directory = host.file(f"/var/lib/sglang/l3/main/{entries[0]}")
+    assert directory.user == "sglang"
+    assert directory.mode == 0o700
+    assert int(host.check_output(f"du -sb /var/lib/sglang/l3/main/{entries[0]} | cut -f1")) > 0
+    # Nobody else on the host can read it.
+    assert host.run(f"runuser -u nobody -- ls /var/lib/sglang/l3/main/{entries[0]}").rc != 0
+
+
+def test_a_warm_set_document_through_the_router_is_a_cache_hit():
+    body = json.dumps({"text": HANDBOOK.read_text(), "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+    request = urllib.request.Request(f"{ROUTER}/generate", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        meta = json.load(response)["meta_info"]
+    assert meta["cached_tokens"] >= 0.9 * meta["prompt_tokens"], meta
