@@ -25,7 +25,7 @@ COLL=$WORK/ansible_collections/hicache/fleet
 mkdir -p "$COLL/plugins/modules" "$COLL/plugins/module_utils" "$COLL/tests/sanity" "$COLL/meta"
 cp "$ROOT"/library/*.py "$COLL/plugins/modules/"
 cp "$ROOT"/module_utils/*.py "$COLL/plugins/module_utils/"
-sed -i -E 's/\bansible\.module_utils\.(sglang_[a-z_]+)/ansible_collections.hicache.fleet.plugins.module_utils.\1/g' \
+sed -i -E 's/\bansible\.module_utils\.((sglang|fleet)_[a-z_]+)/ansible_collections.hicache.fleet.plugins.module_utils.\1/g' \
   "$COLL"/plugins/modules/*.py "$COLL"/plugins/module_utils/*.py
 cat > "$COLL/galaxy.yml" <<'EOF'
 namespace: hicache
