@@ -148,9 +148,14 @@ def test_the_extra_inventory_holds_demo_4_to_n_with_the_threes_per_host_vars(tmp
     demo_dir = str(ROOT / "inventories" / "demo")
     for i in range(4, 13):
         assert extra[f"demo-{i}"] == {"ansible_host": f"127.0.30.{i}", "inventory_dir": demo_dir}
-    # The three's own per-host vars: ansible_host only (the rest is the group's).
+    # The three's own per-host vars: ansible_host, and for demo-2 and demo-3 the RAM their simulators are
+    # told (two host classes for playbooks/hicache_sizing.yml); the rest is the group's, so the extra
+    # hosts are demo-1's kind (64 GB).
     three = yaml.safe_load((ROOT / "inventories" / "demo" / "hosts.yml").read_text())["sglang_hosts"]["hosts"]
-    assert {name: set(v) for name, v in three.items()} == {f"demo-{i}": {"ansible_host"} for i in (1, 2, 3)}
+    assert {name: set(v) for name, v in three.items()} == {
+        "demo-1": {"ansible_host"}, "demo-2": {"ansible_host", "demo_host_ram_gb"},
+        "demo-3": {"ansible_host", "demo_host_ram_gb"}}
+    assert (three["demo-2"]["demo_host_ram_gb"], three["demo-3"]["demo_host_ram_gb"]) == (48, 256)
     assert demo_inventory.hosts(3) == {name: v["ansible_host"] for name, v in three.items()}
 
 

@@ -347,7 +347,9 @@ def test_simulator_answers_alike_with_logprobs_compared(start_sim, params, strea
     if not sim_available():
         pytest.skip("the simulator (sim/sglang_sim) is not in this tree")
     sim = start_sim(SEED_ARGS + stream_args)
-    result = probe_once(params(url=sim.url, input_len=2048, repeats=2, tier="device", max_warm_cold_ratio=0.9,
+    # 8,192 ids: a cold read of tens of ms, well above a loaded machine's jitter on a warm one (this test
+    # is about parity; with 2,048 ids one CI-like run measured warm 8.1 ms against cold 8.3 ms).
+    result = probe_once(params(url=sim.url, input_len=8192, repeats=2, tier="device", max_warm_cold_ratio=0.9,
                                ready_timeout=30, request_timeout=60, flush_timeout=10))
     device = result["parity"]["tiers"]["device"]
     assert result["gate"]["passed"], result["gate"]["reasons"]
