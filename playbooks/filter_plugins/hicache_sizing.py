@@ -165,8 +165,12 @@ def plan(host: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]
     bpt, device_now = _whole(host.get("kv_bytes_per_token")), _whole(host.get("device_tokens_now"))
     mamba, page = _whole(host.get("mamba_device_bytes")), _whole(host.get("page_size")) or 1
     for cand in candidates:
+        # Without the L3 tier (the flag dropped): the sweep sizes the RAM tiers, its prefixes would come back
+        # from a storage shared by every candidate, and its synthetic fill must not push the host's real
+        # pages out of its L3 directory.
         cand["args"] = {"--hicache-size": cand["size_gb"],
-                        "--mem-fraction-static": _fraction_text(cand["mem_fraction"])}
+                        "--mem-fraction-static": _fraction_text(cand["mem_fraction"]),
+                        "--hicache-storage-backend": None}
         predicted = cand.get("host_tokens")
         if not predicted and bpt and device_now:
             # Only the prefix fill's bound: the host pool at today's GPU KV capacity (the hybrid split

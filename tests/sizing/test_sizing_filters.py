@@ -60,7 +60,8 @@ def test_the_plan_runs_each_candidate_with_its_flags_and_a_prefix_bound_from_the
     assert [c["size_gb"] for c in planned] == [4, 8, 12, 16]
     assert all("SGLang's admission rule" in c["reason"] for c in pruned if c["size_gb"] <= 512)
     s16 = next(c for c in planned if c["size_gb"] == 16)
-    assert s16["args"] == {"--hicache-size": 16, "--mem-fraction-static": "0.80"}
+    # Each candidate runs without the L3 tier (a dropped flag): the sweep sizes the RAM tiers only.
+    assert s16["args"] == {"--hicache-size": 16, "--mem-fraction-static": "0.80", "--hicache-storage-backend": None}
     # 16 GB x the KV share 0.7157 / 32,768 B = 349,455 host tokens: 10 prefixes of 32,000, + 2.
     assert s16["capacity_max_prefixes"] == 12
     # 4 GB: 87,364 host tokens, fewer than the GPU's 159,692: the fill passes the GPU pool (4 + 2).
