@@ -366,6 +366,10 @@ def _comment(text: Any) -> str:
     return " ".join(str(text).split())
 
 
+def _fraction_text(fraction: float) -> str:
+    return f"{fraction:.2f}" if round(fraction, 2) == fraction else format(fraction, "g")
+
+
 def group_vars_text(
     choice_result: Mapping[str, Any], hicache_args_now: Mapping[str, Any], class_name: str,
     evidence: Mapping[str, Any],
@@ -404,7 +408,8 @@ def group_vars_text(
     lines += [f"  {flag}: {_yaml_value(value)}" for flag, value in args.items()]
     lines += [
         "sglang_service_args:",
-        f"  --mem-fraction-static: {_yaml_value(format(fraction, 'g'))}",
+        # As the profiles write it ("0.80"): two decimals unless the value needs more.
+        f"  --mem-fraction-static: {_yaml_value(_fraction_text(fraction))}",
     ]
     return "\n".join(lines) + "\n"
 

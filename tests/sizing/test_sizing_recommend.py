@@ -135,7 +135,7 @@ def test_group_vars_round_trip(tmp_path):
 def test_group_vars_comment_cannot_break_yaml():
     evidence = {**EVIDENCE, "host": "a\nsglang_service_args: {}", "reason": "line one\nline: two"}
     data = yaml.safe_load(group_vars_text(result("s8-f0.80"), HICACHE_NOW, "ram64g_gfx1100x2", evidence))
-    assert data["sglang_service_args"] == {"--mem-fraction-static": "0.8"}
+    assert data["sglang_service_args"] == {"--mem-fraction-static": "0.80"}
 
 
 def test_group_vars_bad_class():

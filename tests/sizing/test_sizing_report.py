@@ -87,7 +87,7 @@ def test_report_files(tmp_path):
     assert "measured on release 'rel-a'" in report
     gv = yaml.safe_load((sweep / "group_vars" / "ram64g_gfx1100x2.yml").read_text())
     assert gv["sglang_service_hicache_args"]["--hicache-size"] == 16
-    assert gv["sglang_service_args"] == {"--mem-fraction-static": "0.8"}
+    assert gv["sglang_service_args"] == {"--mem-fraction-static": "0.80"}
 
 
 def test_no_admissible_candidate_writes_no_group_vars(tmp_path):
