@@ -262,7 +262,9 @@ def _describe(result: Mapping[str, Any], best: float | None) -> str:
 def recommend(results: Sequence[Mapping[str, Any]], needs: Mapping[str, Any]) -> dict:
     """The config that holds the most reusable prefixes in host RAM within the profile's needs.
 
-    needs: min_device_tokens, warm_margin (warm host TTFT within best x (1 + margin)), reserve_bytes.
+    needs: min_device_tokens, warm_margin and warm_slack_s (warm host TTFT within best x (1 + margin) + slack:
+    the slack is the timer's noise floor, which a relative margin alone misses when TTFTs are a few ms),
+    reserve_bytes.
     Returns {choice: id or None, reasons: {id: sentence}, admissible: [ids], best_warm_host_ttft_s}.
     """
     min_device = _whole(needs, "min_device_tokens", 0)
@@ -270,6 +272,9 @@ def recommend(results: Sequence[Mapping[str, Any]], needs: Mapping[str, Any]) ->
     margin = _number(needs.get("warm_margin"))
     if margin is None or margin < 0:
         raise SizingError(f"warm_margin must be a number >= 0 (e.g. 0.25), got {needs.get('warm_margin')!r}")
+    slack = _number(needs.get("warm_slack_s", 0))
+    if slack is None or slack < 0:
+        raise SizingError(f"warm_slack_s must be a number >= 0 (e.g. 0.05), got {needs.get('warm_slack_s')!r}")
     reasons: dict[str, str] = {}
     passing: list[Mapping[str, Any]] = []
     for res in results:
@@ -299,11 +304,11 @@ def recommend(results: Sequence[Mapping[str, Any]], needs: Mapping[str, Any]) ->
     admissible = []
     for res in passing:
         warm = float(res["warm_host_ttft_s"])
-        if best is not None and warm > best * (1 + margin):
+        if best is not None and warm > best * (1 + margin) + slack:
             ratio = warm / best if best > 0 else math.inf
             reasons[str(res["id"])] = (
                 f"excluded: warm host TTFT {_ms(warm)} is {ratio:.1f}x the best {_ms(best)}, beyond the margin "
-                f"of {margin:.0%}; " + _describe(res, None)
+                f"of {margin:.0%} + {_ms(slack)}; " + _describe(res, None)
             )
         else:
             admissible.append(res)

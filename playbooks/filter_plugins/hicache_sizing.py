@@ -91,6 +91,13 @@ def input_findings(inputs: Mapping[str, Any]) -> list[str]:
     except (TypeError, ValueError):
         out.append(f"hicache_sizing_warm_margin = {margin!r}: a number >= 0 (0.25: warm host-tier TTFT within 1.25x "
                    "the best candidate's).")
+    slack = inputs.get("warm_slack_ms", 0)
+    try:
+        if isinstance(slack, bool) or float(slack) < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        out.append(f"hicache_sizing_warm_slack_ms = {slack!r}: a number of milliseconds >= 0 (50: two warm TTFTs "
+                   "closer than 50 ms count as equal, whatever their ratio).")
     return out
 
 
@@ -193,7 +200,9 @@ def plan(host: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]
                   "gpu_count": int(host["gpu_count"])},
         "hicache_args_now": dict(host.get("hicache_args_now") or {}),
         "needs": {"min_device_tokens": int(settings["min_device_tokens"]),
-                  "warm_margin": float(settings["warm_margin"]), "reserve_bytes": int(host["reserve_bytes"])},
+                  "warm_margin": float(settings["warm_margin"]),
+                  "warm_slack_s": float(settings.get("warm_slack_ms", 0)) / 1000,
+                  "reserve_bytes": int(host["reserve_bytes"])},
         "input_len": input_len,
         "bound_s": int(settings["max_total_s"]),
         "candidates": candidates,

@@ -39,6 +39,8 @@ def test_good_inputs_have_no_finding():
     ("max_prefixes", 0, "hicache_sizing_max_prefixes"),
     ("candidate_s", "soon", "hicache_sizing_candidate_timeout_s"),
     ("warm_margin", -0.1, "hicache_sizing_warm_margin"),
+    ("warm_slack_ms", -5, "hicache_sizing_warm_slack_ms"),
+    ("warm_slack_ms", "soon", "hicache_sizing_warm_slack_ms"),
 ])
 def test_a_bad_input_is_named_with_its_fix(key, value, variable):
     findings = f.input_findings({**GOOD, key: value})
@@ -66,7 +68,9 @@ def test_the_plan_runs_each_candidate_with_its_flags_and_a_prefix_bound_from_the
     assert s16["capacity_max_prefixes"] == 12
     # 4 GB: 87,364 host tokens, fewer than the GPU's 159,692: the fill passes the GPU pool (4 + 2).
     assert next(c for c in planned if c["size_gb"] == 4)["capacity_max_prefixes"] == 6
-    assert plan["needs"] == {"min_device_tokens": 32000, "warm_margin": 0.25, "reserve_bytes": 4_000_000_000}
+    assert plan["needs"] == {"min_device_tokens": 32000, "warm_margin": 0.25, "warm_slack_s": 0.0,
+                             "reserve_bytes": 4_000_000_000}
+    assert f.plan(HOST, {**SETTINGS, "warm_slack_ms": 50})["needs"]["warm_slack_s"] == 0.05
     assert plan["facts"] == {"mem_total_mb": 45776, "gpu_model": "simulated", "gpu_count": 2}
 
 
