@@ -169,8 +169,18 @@ def last_rollout() -> Path:
     return max(runs, key=lambda p: (p / "rollout.json").stat().st_mtime)
 
 
+def classes_rollout() -> Path:
+    """The class rollout's run directory (step 5; the side effect noted it before step 6)."""
+    return EPHEMERAL / "reports" / (EPHEMERAL / "rollout-classes.dir").read_text().strip()
+
+
+def l3_dirs() -> dict:
+    return json.loads((EPHEMERAL / "l3-dirs.json").read_text())
+
+
 def test_after_the_class_rollout_each_host_read_its_earlier_prefix_back_from_storage():
-    report = json.loads((last_rollout() / "rollout.json").read_text())
+    assert classes_rollout() != last_rollout()
+    report = json.loads((classes_rollout() / "rollout.json").read_text())
     records = {r["host"]: r for r in report["hosts"]}
     assert set(records) == {"sizing-1", "sizing-2"}, records.keys()
     for host, record in records.items():
@@ -179,20 +189,53 @@ def test_after_the_class_rollout_each_host_read_its_earlier_prefix_back_from_sto
         hit = probe["restart_hit"]
         assert hit["storage_cached_tokens"] >= 0.8 * hit["prompt_tokens"], (host, hit)
         assert probe["warm"]["storage"]["storage_cached_fraction"] >= 0.8, (host, probe["warm"]["storage"])
-    md = (last_rollout() / "rollout.md").read_text()
+    md = (classes_rollout() / "rollout.md").read_text()
     assert "## L3 storage tier" in md
     assert "## Warm rejoin" in md
 
 
-def test_the_l3_directory_is_the_services_alone_one_identity_kept(host):
+def test_the_class_rollout_kept_one_identity_and_revision_2_started_a_new_one():
+    dirs = l3_dirs()
+    for host in ("sizing-1", "sizing-2"):
+        before, after = dirs["before"][host], dirs["after"][host]
+        assert len(before) == 1, dirs  # the class rollout kept the identity: one directory
+        # Revision 2 changed the model's manifest hash: a directory of its own; revision 1's stays
+        # while a kept release (the previous one, a rollback's target) names it, as its model files do.
+        assert len(after) == 2, dirs
+        assert before[0] in after, dirs
+
+
+def test_revision_2_passed_its_gate_reading_nothing_of_the_old_identity():
+    out = log("rollout-revision")
+    for host in ("sizing-1", "sizing-2"):
+        assert re.search(rf"{host}\s*: ok=\d+ .*failed=0", out), out[-3000:]
+    report = json.loads((last_rollout() / "rollout.json").read_text())
+    for record in report["hosts"]:
+        assert record["verdict"] == "passed", record
+        # The first read after the restart is the prefix served before it: from an empty directory
+        # of the new identity nothing comes from storage (the old identity is never read), and the
+        # restart check is not applied (the validated record names another identity).
+        hit = record["probe"]["restart_hit"]
+        assert hit["storage_cached_tokens"] == 0, (record["host"], hit)
+        checks = [c["name"] for c in record["probe"]["gate"]["checks"]]
+        assert not any("restart_storage" in name for name in checks), checks
+        # The tier itself still proves itself on the new directory.
+        assert record["probe"]["warm"]["storage"]["storage_cached_fraction"] >= 0.8, record["probe"]["warm"]
+
+
+def test_the_l3_directory_is_the_services_alone(host):
+    current = l3_dirs()["after"][host.backend.get_hostname()]
     entries = host.check_output("ls -1 /var/lib/sglang/l3/main").split()
-    assert len(entries) == 1, entries  # the class rollout kept the identity: one directory
-    directory = host.file(f"/var/lib/sglang/l3/main/{entries[0]}")
-    assert directory.user == "sglang"
-    assert directory.mode == 0o700
-    assert int(host.check_output(f"du -sb /var/lib/sglang/l3/main/{entries[0]} | cut -f1")) > 0
-    # Nobody else on the host can read it.
-    assert host.run(f"runuser -u nobody -- ls /var/lib/sglang/l3/main/{entries[0]}").rc != 0
+    assert sorted(entries) == sorted(current), (entries, current)
+    for entry in entries:
+        directory = host.file(f"/var/lib/sglang/l3/main/{entry}")
+        assert directory.user == "sglang"
+        assert directory.mode == 0o700
+        # Nobody else on the host can read it.
+        assert host.run(f"runuser -u nobody -- ls /var/lib/sglang/l3/main/{entry}").rc != 0
+    # The new identity's directory filled during revision 2's gate and warm-up.
+    new = next(e for e in entries if e not in l3_dirs()["before"][host.backend.get_hostname()])
+    assert int(host.check_output(f"du -sb /var/lib/sglang/l3/main/{new} | cut -f1")) > 0
 
 
 def test_a_warm_set_document_through_the_router_is_a_cache_hit():
