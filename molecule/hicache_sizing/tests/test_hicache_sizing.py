@@ -194,15 +194,16 @@ def test_after_the_class_rollout_each_host_read_its_earlier_prefix_back_from_sto
     assert "## Warm rejoin" in md
 
 
-def test_the_class_rollout_kept_one_identity_and_revision_2_started_a_new_one():
+def test_the_class_rollout_kept_one_identity_and_revision_2_replaced_it():
     dirs = l3_dirs()
     for host in ("sizing-1", "sizing-2"):
         before, after = dirs["before"][host], dirs["after"][host]
         assert len(before) == 1, dirs  # the class rollout kept the identity: one directory
-        # Revision 2 changed the model's manifest hash: a directory of its own; revision 1's stays
-        # while a kept release (the previous one, a rollback's target) names it, as its model files do.
-        assert len(after) == 2, dirs
-        assert before[0] in after, dirs
+        # Revision 2 changed the model's manifest hash: a directory of its own; revision 1's is gone
+        # once revision 2 passed its gate (neither running nor validated: the previous release keeps
+        # its files, not its cache pages).
+        assert len(after) == 1, dirs
+        assert after[0] != before[0], dirs
 
 
 def test_revision_2_passed_its_gate_reading_nothing_of_the_old_identity():
@@ -234,8 +235,7 @@ def test_the_l3_directory_is_the_services_alone(host):
         # Nobody else on the host can read it.
         assert host.run(f"runuser -u nobody -- ls /var/lib/sglang/l3/main/{entry}").rc != 0
     # The new identity's directory filled during revision 2's gate and warm-up.
-    new = next(e for e in entries if e not in l3_dirs()["before"][host.backend.get_hostname()])
-    assert int(host.check_output(f"du -sb /var/lib/sglang/l3/main/{new} | cut -f1")) > 0
+    assert int(host.check_output(f"du -sb /var/lib/sglang/l3/main/{entries[0]} | cut -f1")) > 0
 
 
 def test_a_warm_set_document_through_the_router_is_a_cache_hit():
