@@ -3,8 +3,9 @@
 - the role's own task (tasks/user.yml, "User | L3 tier directories") makes <l3_dir> and <l3_dir>/<name>
   root's 0755 and the identity's directory the service user's 0700: the owner reads it, another user
   (not even root's group mates) cannot list it;
-- the `prune` entry point removes the identity directories no kept release names in its release.json,
-  keeps the current plan's and every kept release's, and in check mode removes nothing but says so.
+- the `prune` entry point keeps the identity directories of the current plan, of the release the
+  `current` pointer names and of the protected releases (sglang_service_releases_protect), removes the
+  rest (also a kept release's that is neither), and in check mode removes nothing but says so.
 
 The service user here is `nobody` (an account every Debian host has); the role's user tasks that
 would create or change an account are not run.
@@ -86,7 +87,7 @@ def test_the_identity_directory_is_the_service_users_alone(open_tmp):
     assert "Permission denied" in other.stderr
 
 
-def test_prune_keeps_the_identities_of_kept_releases_and_removes_the_rest(tmp_path):
+def test_prune_keeps_the_identities_of_the_running_and_protected_releases_and_removes_the_rest(tmp_path):
     variables = _vars(tmp_path)
     plan_only = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": [
         {"ansible.builtin.include_role": {"name": "sglang_service", "tasks_from": "plan.yml"}},
@@ -97,13 +98,18 @@ def test_prune_keeps_the_identities_of_kept_releases_and_removes_the_rest(tmp_pa
     planned = Path(re.search(r"L3DIR=(/[^\s\"']+)", run.stdout).group(1))
     base = tmp_path / "l3" / "main"
     kept_a, kept_b, unused = base / "aaaaaaaaaaaaaaaa", base / "bbbbbbbbbbbbbbbb", base / "cccccccccccccccc"
-    for directory in (planned, kept_a, kept_b, unused):
+    previous = base / "dddddddddddddddd"
+    for directory in (planned, kept_a, kept_b, unused, previous):
         directory.mkdir(parents=True)
         (directory / "page.bin").write_bytes(b"kv")
     releases = tmp_path / "state" / "main" / "releases"
-    for release, l3 in (("111111111111", kept_a), ("222222222222", kept_b), ("333333333333", None)):
+    # 111: the current pointer's (kept); 222: protected, as the rollout passes the validated one (kept);
+    # 444: a kept release neither running nor protected (its files stay, its cache pages go).
+    variables = {**variables, "sglang_service_releases_protect": ["222222222222" * 5 + "2222"]}
+    for release, l3 in (("111111111111", kept_a), ("222222222222", kept_b), ("333333333333", None),
+                        ("444444444444", previous)):
         (releases / release).mkdir(parents=True)
-        record = {"name": "main", "config_hash": release * 5 + "3333"}
+        record = {"name": "main", "config_hash": release * 5 + release[:4], "release_dir": str(releases / release)}
         if l3:
             record["l3"] = {"dir": str(l3), "id": l3.name}
         (releases / release / "release.json").write_text(json.dumps(record), encoding="utf-8")
@@ -115,10 +121,13 @@ def test_prune_keeps_the_identities_of_kept_releases_and_removes_the_rest(tmp_pa
     dry = _play(tmp_path, prune, variables, "--check", "--diff")
     assert dry.returncode == 0, dry.stdout[-4000:] + dry.stderr[-2000:]
     assert f"changed: [localhost] => (item={unused})" in dry.stdout, dry.stdout[-4000:]
-    assert all(d.exists() for d in (planned, kept_a, kept_b, unused))
+    assert f"changed: [localhost] => (item={previous})" in dry.stdout, dry.stdout[-4000:]
+    assert all(d.exists() for d in (planned, kept_a, kept_b, unused, previous))
 
     real = _play(tmp_path, prune, variables)
     assert real.returncode == 0, real.stdout[-4000:] + real.stderr[-2000:]
     assert not unused.exists()
+    assert not previous.exists()
     assert all((d / "page.bin").exists() for d in (planned, kept_a, kept_b))
-    assert sorted(p.name for p in releases.iterdir()) == ["111111111111", "222222222222", "333333333333"]
+    assert sorted(p.name for p in releases.iterdir()) == ["111111111111", "222222222222", "333333333333",
+                                                          "444444444444"]
