@@ -93,21 +93,21 @@ def test_directories_and_prune():
     assert F.prune_l3(found, []) == [entry["path"] for entry in found]
 
 
-def test_only_the_running_and_the_protected_releases_keep_their_l3_directory():
+def test_only_the_running_release_keeps_its_l3_directory():
     releases = [
         {"release_dir": "/var/lib/sglang/main/releases/aaaaaaaaaaaa", "config_hash": "aaaaaaaaaaaa" + "0" * 52,
          "l3": {"dir": "/l3/main/1111"}},  # current
         {"release_dir": "/var/lib/sglang/main/releases/bbbbbbbbbbbb", "config_hash": "bbbbbbbbbbbb" + "0" * 52,
          "l3": {"dir": "/l3/main/2222"}},  # previous, not validated
         {"release_dir": "/var/lib/sglang/main/releases/cccccccccccc", "config_hash": "cccccccccccc" + "0" * 52,
-         "l3": {"dir": "/l3/main/3333"}},  # validated
+         "l3": {"dir": "/l3/main/3333"}},  # validated before this run's release
     ]
-    kept = F.l3_kept(releases, ["/var/lib/sglang/main/releases/aaaaaaaaaaaa/"], ["cccccccccccc" + "f" * 52])
-    assert [r["l3"]["dir"] for r in kept] == ["/l3/main/1111", "/l3/main/3333"]
+    kept = F.l3_kept(releases, ["/var/lib/sglang/main/releases/aaaaaaaaaaaa/"])
+    assert [r["l3"]["dir"] for r in kept] == ["/l3/main/1111"]
     found = [{"path": f"/l3/main/{n}"} for n in ("1111", "2222", "3333")]
-    assert F.prune_l3(found, kept) == ["/l3/main/2222"]
-    # Nothing running and nothing protected (prune called alone before any activation): only the plan's.
-    assert F.l3_kept(releases, [], []) == []
+    assert F.prune_l3(found, kept) == ["/l3/main/2222", "/l3/main/3333"]
+    # Nothing running (prune called alone before any activation): only the plan's stays.
+    assert F.l3_kept(releases, []) == []
 
 
 def test_release_record_carries_the_identity_only_when_on():

@@ -3,9 +3,9 @@
 - the role's own task (tasks/user.yml, "User | L3 tier directories") makes <l3_dir> and <l3_dir>/<name>
   root's 0755 and the identity's directory the service user's 0700: the owner reads it, another user
   (not even root's group mates) cannot list it;
-- the `prune` entry point keeps the identity directories of the current plan, of the release the
-  `current` pointer names and of the protected releases (sglang_service_releases_protect), removes the
-  rest (also a kept release's that is neither), and in check mode removes nothing but says so.
+- the `prune` entry point keeps the identity directories of the current plan and of the release the
+  `current` pointer names, removes the rest (also a kept or protected release's, whose files stay), and
+  in check mode removes nothing but says so.
 
 The service user here is `nobody` (an account every Debian host has); the role's user tasks that
 would create or change an account are not run.
@@ -103,8 +103,8 @@ def test_prune_keeps_the_identities_of_the_running_and_protected_releases_and_re
         directory.mkdir(parents=True)
         (directory / "page.bin").write_bytes(b"kv")
     releases = tmp_path / "state" / "main" / "releases"
-    # 111: the current pointer's (kept); 222: protected, as the rollout passes the validated one (kept);
-    # 444: a kept release neither running nor protected (its files stay, its cache pages go).
+    # 111: the current pointer's (kept); 222: protected, as the rollout passes an earlier validated one,
+    # and 444: a kept release (their files stay, their cache pages go).
     variables = {**variables, "sglang_service_releases_protect": ["222222222222" * 5 + "2222"]}
     for release, l3 in (("111111111111", kept_a), ("222222222222", kept_b), ("333333333333", None),
                         ("444444444444", previous)):
@@ -122,12 +122,14 @@ def test_prune_keeps_the_identities_of_the_running_and_protected_releases_and_re
     assert dry.returncode == 0, dry.stdout[-4000:] + dry.stderr[-2000:]
     assert f"changed: [localhost] => (item={unused})" in dry.stdout, dry.stdout[-4000:]
     assert f"changed: [localhost] => (item={previous})" in dry.stdout, dry.stdout[-4000:]
+    assert f"changed: [localhost] => (item={kept_b})" in dry.stdout, dry.stdout[-4000:]
     assert all(d.exists() for d in (planned, kept_a, kept_b, unused, previous))
 
     real = _play(tmp_path, prune, variables)
     assert real.returncode == 0, real.stdout[-4000:] + real.stderr[-2000:]
     assert not unused.exists()
     assert not previous.exists()
-    assert all((d / "page.bin").exists() for d in (planned, kept_a, kept_b))
+    assert not kept_b.exists()
+    assert all((d / "page.bin").exists() for d in (planned, kept_a))
     assert sorted(p.name for p in releases.iterdir()) == ["111111111111", "222222222222", "333333333333",
                                                           "444444444444"]

@@ -45,7 +45,7 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
   (before ``--host``) when the L3 tier is on.
 - ``sglang_service_l3_directories(plan, user, group)``: the L3 directories with their owner and mode.
 - ``sglang_service_prune_l3(found, kept)``: the L3 identity directories no kept release uses.
-- ``sglang_service_l3_kept(releases, current_dirs, protect_ids)``: the releases whose L3 directory stays.
+- ``sglang_service_l3_kept(releases, current_dirs)``: the releases whose L3 directory stays.
 """
 
 from __future__ import annotations
@@ -333,18 +333,13 @@ def l3_directories(plan: Sequence[Mapping[str, Any]], user: str, group: str) -> 
     return dirs
 
 
-def l3_kept(releases: Sequence[Mapping[str, Any]], current_dirs: Sequence[str], protect_ids: Sequence[str]) -> list:
-    """The releases whose L3 directory stays: the one a `current` pointer names (the server may run it)
-    and the protected ones (the rollout passes what the host validated and what it runs). An L3 tier is
-    a cache, often hundreds of GB: a kept release that is neither (the previous one, the newest kept)
-    keeps its files but not its pages; a rollback to it starts with an empty directory."""
+def l3_kept(releases: Sequence[Mapping[str, Any]], current_dirs: Sequence[str]) -> list:
+    """The releases whose L3 directory stays: the one a `current` pointer names (what the server runs;
+    after the rollout's gate it is also what the host validated). An L3 tier is a cache, often hundreds
+    of GB: every other kept release (the previous one, the newest kept, an earlier validated one) keeps
+    its files but not its pages; a rollback to it starts with an empty directory."""
     current = {str(d).rstrip("/") for d in current_dirs or [] if d}
-    ids = {str(i)[:12] for i in protect_ids or [] if i}
-    return [
-        release for release in releases or []
-        if str(release.get("release_dir") or "").rstrip("/") in current
-        or str(release.get("config_hash") or "")[:12] in ids
-    ]
+    return [release for release in releases or [] if str(release.get("release_dir") or "").rstrip("/") in current]
 
 
 def prune_l3(found: Sequence[Mapping[str, Any]], kept: Sequence[Any]) -> list[str]:
