@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -63,6 +64,14 @@ def _whole(value: Any) -> int | None:
     return int(number) if number == int(number) else None
 
 
+def _non_negative(value: Any) -> bool:
+    """A finite number >= 0 (a bool is not one)."""
+    try:
+        return not isinstance(value, bool) and math.isfinite(float(value)) and float(value) >= 0
+    except (TypeError, ValueError):
+        return False
+
+
 def input_findings(inputs: Mapping[str, Any]) -> list[str]:
     """The sweep's variables: lists of the right kind, positive bounds, a margin >= 0."""
     out = []
@@ -85,17 +94,11 @@ def input_findings(inputs: Mapping[str, Any]) -> list[str]:
         if value is None or value < 1:
             out.append(f"{variable} = {inputs.get(key)!r}: a whole number >= 1.")
     margin = inputs.get("warm_margin")
-    try:
-        if isinstance(margin, bool) or float(margin) < 0:
-            raise ValueError
-    except (TypeError, ValueError):
+    if not _non_negative(margin):
         out.append(f"hicache_sizing_warm_margin = {margin!r}: a number >= 0 (0.25: warm host-tier TTFT within 1.25x "
                    "the best candidate's).")
     slack = inputs.get("warm_slack_ms", 0)
-    try:
-        if isinstance(slack, bool) or float(slack) < 0:
-            raise ValueError
-    except (TypeError, ValueError):
+    if not _non_negative(slack):
         out.append(f"hicache_sizing_warm_slack_ms = {slack!r}: a number of milliseconds >= 0 (50: two warm TTFTs "
                    "closer than 50 ms count as equal, whatever their ratio).")
     return out

@@ -41,6 +41,8 @@ def test_good_inputs_have_no_finding():
     ("warm_margin", -0.1, "hicache_sizing_warm_margin"),
     ("warm_slack_ms", -5, "hicache_sizing_warm_slack_ms"),
     ("warm_slack_ms", "soon", "hicache_sizing_warm_slack_ms"),
+    ("warm_slack_ms", float("nan"), "hicache_sizing_warm_slack_ms"),
+    ("warm_margin", float("inf"), "hicache_sizing_warm_margin"),
 ])
 def test_a_bad_input_is_named_with_its_fix(key, value, variable):
     findings = f.input_findings({**GOOD, key: value})
