@@ -10,6 +10,9 @@ c. No task file of a role reads another role's files by climbing out of its role
 d. Jinja for data, Python for logic: the task files, handlers and playbooks hold at most 10 inline
    ternaries per 1,000 lines (docs/conventions.md); logic goes into a role's filter_plugins.
 e. A uri/get_url task that sends headers (a key) follows no redirect, unless listed with its reason.
+f. After preflight: every include_role of the phase playbooks that run after it, and of the role
+   task files they reach, leaves out its own argument validation once preflight checked every role's
+   merged specs on the host (rolespec_validate reads preflight_specs_passed): one task less per include.
 
 Each check is a plain function over the tree, so the negative self-checks below feed it a made-up
 tree and make sure it does find the problem.
@@ -384,3 +387,41 @@ def test_redirect_check_finds_a_header_sent_through_redirects(tmp_path):
         {"name": "no key", "ansible.builtin.get_url": {"url": "http://x/", "dest": "/tmp/x"}},
     ]}]))
     assert redirect_findings(tmp_path) == ["playbooks/p.yml: 'keyed' sends headers and follows redirects"]
+
+
+# --- f. one argument validation per host and run ---------------------------------------------------
+
+SPECS_SKIP = "{{ not (preflight_specs_passed | default(false)) }}"
+AFTER_PREFLIGHT = ("playbooks/run_lock.yml", "playbooks/run_unlock.yml", "playbooks/rocm.yml", "playbooks/venv.yml",
+                   "playbooks/models.yml", "playbooks/rollout.yml", "roles/rollout/tasks/prune.yml",
+                   "roles/rollout/tasks/rollback.yml", "roles/sglang_service/tasks/validate.yml",
+                   "roles/models/tasks/fetch.yml")
+
+
+def specs_skip_findings(root: Path, files=AFTER_PREFLIGHT) -> list[str]:
+    problems = []
+    for rel in files:
+        for key, value in _walk(_load(root / rel)):
+            if key in INCLUDE_ROLE and "include" in key and isinstance(value, dict) \
+                    and value.get("rolespec_validate") != SPECS_SKIP:
+                problems.append(f"{rel}: include_role {value.get('name')} {value.get('tasks_from', 'main')} "
+                                f"validates again (rolespec_validate: \"{SPECS_SKIP}\")")
+    return problems
+
+
+def test_includes_after_preflight_skip_the_validation_preflight_did():
+    problems = specs_skip_findings(ROOT)
+    assert not problems, "\n".join(problems)
+    main = (ROOT / "roles/preflight/tasks/main.yml").read_text(encoding="utf-8")
+    # Set only after the host's findings (argument specs among them) failed it or not, and only when
+    # preflight_validate_roles covered all six roles.
+    assert main.index("preflight_specs_passed:") > main.index("- name: Fail with every finding on this host")
+    assert "| difference(preflight_validate_roles) | length == 0" in main
+
+
+def test_specs_skip_check_finds_an_include_that_validates_again(tmp_path):
+    (tmp_path / "p.yml").write_text(yaml.safe_dump([{"hosts": "all", "tasks": [
+        {"name": "a", "ansible.builtin.include_role": {"name": "one", "rolespec_validate": SPECS_SKIP}},
+        {"name": "b", "ansible.builtin.include_role": {"name": "two", "tasks_from": "plan"}}]}]))
+    problems = specs_skip_findings(tmp_path, ("p.yml",))
+    assert len(problems) == 1 and "include_role two plan" in problems[0], problems
