@@ -85,7 +85,7 @@ def test_the_venv_steps_hold_no_index_password_and_pip_gets_it_in_a_netrc_text(t
     assert facts["steps"][0]["index_url"] == "https://127.0.0.5:9/rocm"
     assert PASSWORD not in json.dumps([facts["steps"], facts["set"], facts["settings"]])
     assert facts["set"]["lock"]["torch_find_links"] == "https://127.0.0.5:9/rocm"
-    assert facts["netrc"] == f'machine "127.0.0.5" login "bob" password "{PASSWORD}@x"\n'
+    assert facts["netrc"] == f"machine 127.0.0.5 login bob password {PASSWORD}@x\n"
 
 
 ROUTER_PLAYBOOK = """

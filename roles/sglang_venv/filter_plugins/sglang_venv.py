@@ -139,7 +139,14 @@ def steps_public(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
              "extra_index_url": _public_urls(step["extra_index_url"])} for step in steps]
 
 
+_NETRC_PLAIN = re.compile(r'[^\s"\\#]+')
+
+
 def _netrc_word(text: str) -> str:
+    """A netrc token: as it is when it is one plain word, else quoted with backslash escapes (Python's
+    netrc, which pip's requests reads, takes both)."""
+    if _NETRC_PLAIN.fullmatch(text):
+        return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -149,7 +156,8 @@ def index_auth(
     """The credentials of the index URLs, for pip through a netrc file (``NETRC``), never its argv.
 
     ``{netrc, hosts, errors}``: ``netrc`` the file's text (``machine <host> login <user> password
-    <password>``, each word quoted; empty when no URL carries credentials), ``hosts`` the hosts it
+    <password>``, a word with a space, quote, backslash or ``#`` quoted; empty when no URL carries
+    credentials), ``hosts`` the hosts it
     names, ``errors`` why the credentials cannot be given that way, each naming the variable and
     the host, never the password: netrc holds one login per host, so two URLs on one host with
     different credentials are refused, and a URL with ``@`` left after its host part (an unencoded
@@ -165,6 +173,12 @@ def index_auth(
             sources.append((f"the index_url of step '{step['name']}' in {where}", step["index_url"]))
         sources += [(f"the extra_index_url of step '{step['name']}' in {where}", url)
                     for url in step["extra_index_url"]]
+    return netrc_of(sources)
+
+
+def netrc_of(sources: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """``index_auth`` for ``(variable, url)`` pairs (also used by scripts/lock_package_sets.py, whose uv
+    reads the same netrc format through ``NETRC``)."""
     logins: dict[str, tuple[str, str, str | None]] = {}
     errors = []
     for variable, url in sources:
