@@ -29,7 +29,7 @@ def main(address: str, wheel_dir: str, log: str) -> None:
     expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        def log_message(self, format: str, *args: object) -> None:
             return
 
         def answer(self, status: int, body: bytes = b"", kind: str = "text/html") -> None:

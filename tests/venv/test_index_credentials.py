@@ -14,26 +14,23 @@ netrc file removed all the same.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import threading
-import zipfile
 from pathlib import Path
 
 import pytest
+from cred_index import Watcher, start_index, wheel
 from procs import stop_by_pid
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER = Path(__file__).with_name("basic_auth_index.py")
 PASSWORD_A = "p@ss-Idx-7Qw"  # noqa: S105 (a test password; its URL says p%40ss-Idx-7Qw)
 PASSWORD_B = "pw-Extra-3Zr"  # noqa: S105
-SECRETS = (PASSWORD_A, "p%40ss-Idx-7Qw", PASSWORD_B,
-           base64.b64encode(f"bob:{PASSWORD_A}".encode()).decode(), base64.b64encode(f"carol:{PASSWORD_B}".encode()).decode())
+SECRETS = (PASSWORD_A, "p%40ss-Idx-7Qw", PASSWORD_B, base64.b64encode(f"bob:{PASSWORD_A}".encode()).decode(),
+           base64.b64encode(f"carol:{PASSWORD_B}".encode()).decode())
 NETRC_DIRS = "hicache-fleet-pip-auth.*"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the role writes root-owned files (owner root)")
@@ -45,52 +42,6 @@ PLAYBOOK = """
   roles:
     - sglang_venv
 """
-
-
-def wheel(directory: Path, name: str, version: str, module: str, source: str) -> None:
-    """A pure-Python wheel of one module, with its metadata and RECORD."""
-    dist = f"{name.replace('-', '_')}-{version}"
-    files = {
-        f"{module}/__init__.py": source.encode(),
-        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(
-        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for path, data in files.items()) + f"{dist}.dist-info/RECORD,,\n"
-    with zipfile.ZipFile(directory / f"{dist}-py3-none-any.whl", "w") as archive:
-        for path, data in [*files.items(), (f"{dist}.dist-info/RECORD", record.encode())]:
-            archive.writestr(path, data)
-
-
-class Watcher(threading.Thread):
-    """Reads every process's cmdline and environ until stopped; keeps what held a secret."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.stop = threading.Event()
-        self.seen: list[str] = []
-        self.pips = 0
-
-    def run(self) -> None:
-        needles = [secret.encode() for secret in SECRETS]
-        while not self.stop.is_set():
-            for proc in Path("/proc").iterdir():
-                if not proc.name.isdigit() or proc.name == str(os.getpid()):
-                    continue
-                for part in ("cmdline", "environ"):
-                    try:
-                        data = (proc / part).read_bytes()
-                    except OSError:
-                        continue
-                    if part == "cmdline" and b"pip\x00install" in data:
-                        self.pips += 1
-                    if any(needle in data for needle in needles):
-                        # What held it, not the secret: the process's first words.
-                        words = (proc / "cmdline").read_bytes().split(b"\x00")[:4] if part == "environ" else \
-                            data.split(b"\x00")[:4]
-                        self.seen.append(f"{proc.name}/{part}: {b' '.join(words)[:120]!r}")
-            self.stop.wait(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +58,9 @@ def indexes():
             wheels.mkdir()
             wheel(wheels, name, "0.0.1", module, source)
             log = work / f"{address}.log"
-            proc = subprocess.Popen([sys.executable, str(SERVER), address, str(wheels), str(log)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            proc, port = start_index(address, user, password, wheels, log)
             procs.append(proc)
-            proc.stdin.write(f"{user}\n{password}\n")
-            proc.stdin.close()
-            urls[address] = {"port": int(proc.stdout.readline()), "log": log}
+            urls[address] = {"port": port, "log": log}
         yield urls
     finally:
         for proc in procs:
@@ -120,7 +68,7 @@ def indexes():
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
-def role_vars(root: Path, indexes: dict, password_a: str = "p%40ss-Idx-7Qw") -> dict:
+def role_vars(root: Path, indexes: dict, password_a: str = "p%40ss-Idx-7Qw") -> dict:  # noqa: S107 (a test password)
     port_a, port_b = indexes["127.0.0.61"]["port"], indexes["127.0.0.62"]["port"]
     return {
         "ansible_python_interpreter": sys.executable,
@@ -182,7 +130,7 @@ def netrc_dirs() -> set[Path]:
 def test_the_install_gets_the_credentials_from_a_netrc_file_and_never_on_a_command_line(indexes, tmp_path):
     root = tmp_path / "opt-sglang"
     before = netrc_dirs()
-    watcher = Watcher()
+    watcher = Watcher(SECRETS)
     watcher.start()
     try:
         first = play(tmp_path, role_vars(root, indexes), "--diff")
@@ -227,7 +175,7 @@ def test_check_mode_and_diff_print_no_password(indexes, tmp_path):
 
 def test_a_wrong_password_fails_the_install_without_printing_it(indexes, tmp_path):
     before = netrc_dirs()
-    run = play(tmp_path, role_vars(tmp_path / "wrong", indexes, password_a="Wrong%2Dpw-9Xk"))
+    run = play(tmp_path, role_vars(tmp_path / "wrong", indexes, password_a="Wrong%2Dpw-9Xk"))  # noqa: S106
     output = run.stdout + run.stderr
     assert run.returncode != 0
     assert "Install each step of the package set" in output
