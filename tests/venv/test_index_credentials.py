@@ -184,3 +184,36 @@ def test_a_wrong_password_fails_the_install_without_printing_it(indexes, tmp_pat
     assert printed(output) == []
     assert "401" in indexes["127.0.0.61"]["log"].read_text()
     assert netrc_dirs() - before == set()
+
+
+def test_the_wheelhouse_playbook_downloads_with_the_credentials_from_a_netrc_file(indexes, tmp_path):
+    """playbooks/wheelhouse.yml on the controller: pip download gets the credentials the same way; no
+    process held a password, -vvv printed none, wheelhouse.json names the indexes without them."""
+    out = tmp_path / "wheelhouse"
+    variables = {**role_vars(tmp_path / "unused", indexes), "sglang_venv_wheelhouse_set": "cred-test",
+                 "sglang_venv_wheelhouse_out": str(out), "sglang_venv_wheelhouse_python_version": "3.11"}
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1",
+               PIP_CONFIG_FILE=os.devnull)
+    before = netrc_dirs()
+    watcher = Watcher(SECRETS)
+    watcher.start()
+    try:
+        run = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-vvv", str(ROOT / "playbooks/wheelhouse.yml"),
+             "-e", f"@{tmp_path / 'vars.json'}"],
+            env=env, capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
+    finally:
+        watcher.stop.set()
+        watcher.join()
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    assert sorted(p.name for p in out.glob("*.whl")) == ["hfcred_extra-0.0.1-py3-none-any.whl",
+                                                         "sglang-0.0.1-py3-none-any.whl"]
+    assert watcher.seen == []
+    assert printed(run.stdout + run.stderr) == []
+    record = (out / "wheelhouse.json").read_text()
+    assert f"http://127.0.0.61:{indexes['127.0.0.61']['port']}/simple/" in record
+    assert not [secret for secret in SECRETS if secret in record]
+    assert readable_by_others_holding_a_secret(out) == []
+    assert netrc_dirs() - before == set()
