@@ -12,7 +12,11 @@ everything else from PyPI; the set's `lock.exclude` left out), the `no_deps` ste
 the Radeon plugin) pinned alone. The role installs it with `pip install --require-hashes --no-deps`.
 
 When PyTorch's index cannot be reached, the lock is written without the packages it serves and says
-so in a line `# incomplete: ...`; the role refuses an incomplete lock. `check` resolves every pin the
+so in a line `# incomplete: ...`; the role refuses an incomplete lock. The ROCm wheels' mirror is the
+role's sglang_venv_rocm_torch_index_url, or SGLANG_VENV_ROCM_TORCH_INDEX_URL in the environment (so a
+mirror with user:password@ need not be written into the defaults). Its credentials reach uv in a netrc
+file (NETRC: 0600 in a 0700 temporary directory, removed when uv ends), never its command line; the
+lock file and the output name the URL without them. `check` resolves every pin the
 lock takes from PyPI for the same target with uv (`--no-deps`, nothing installed) and compares the
 hashes, so a pin that no longer exists, or a file that changed, fails before a fleet installs it.
 """
@@ -20,6 +24,7 @@ hashes, so a pin that no longer exists, or a file that changed, fails before a f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -34,6 +39,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ROOT / "roles/sglang_venv/defaults/main.yml"
+# The role's own rules for an index URL's credentials (the URL without them, the netrc text).
+FILTERS = ROOT / "roles/sglang_venv/filter_plugins/sglang_venv.py"
+MIRROR_ENV = "SGLANG_VENV_ROCM_TORCH_INDEX_URL"
 LOCKS = ROOT / "roles/sglang_venv/files/locks"
 PYTHON_VERSION = "3.12"
 PLATFORM = "x86_64-manylinux_2_39"
@@ -47,9 +55,21 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def package_sets(defaults_file: Path = DEFAULTS) -> dict[str, Any]:
-    """The role's package sets with their Jinja references to other defaults rendered."""
+def _filters() -> Any:
+    spec = importlib.util.spec_from_file_location("sglang_venv_filters", FILTERS)
+    assert spec
+    assert spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def package_sets(defaults_file: Path = DEFAULTS, mirror: str | None = None) -> dict[str, Any]:
+    """The role's package sets with their Jinja references to other defaults rendered; `mirror`, when
+    given, as sglang_venv_rocm_torch_index_url."""
     defaults = yaml.safe_load(defaults_file.read_text())
+    if mirror:
+        defaults["sglang_venv_rocm_torch_index_url"] = mirror
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)  # noqa: S701 (not HTML)
 
     def render(value: Any) -> Any:
@@ -81,14 +101,21 @@ def uv_binary() -> str | None:
     return str(here) if here.exists() else shutil.which("uv")
 
 
-def uv_compile(uv: str, requirements: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`uv pip compile` of these requirements for the lock's target, hashes on, no header."""
+def uv_compile(uv: str, requirements: list[str], *args: str, netrc: str = "") -> subprocess.CompletedProcess[str]:
+    """`uv pip compile` of these requirements for the lock's target, hashes on, no header. `netrc`: the
+    credentials of the URLs in `args` (which hold none), for uv in a netrc file (NETRC) that lives in
+    the temporary directory (0700) as long as uv runs."""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "requirements.in"
         src.write_text("\n".join(requirements) + "\n")
         cmd = [uv, "pip", "compile", str(src), "--python-version", PYTHON_VERSION, "--python-platform", PLATFORM,
                "--generate-hashes", "--no-header", "--no-annotate", "--quiet", *args]
         env = {**os.environ, "UV_NO_CONFIG": "1"}
+        if netrc:
+            path = Path(tmp) / "netrc"
+            path.touch(mode=0o600)
+            path.write_text(netrc)
+            env["NETRC"] = str(path)
         return subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env, cwd=tmp)
 
 
@@ -123,7 +150,13 @@ def lock_set(uv: str, name: str, spec: dict[str, Any]) -> tuple[str, str]:
     that source is unreachable or not given, the lock is written without those packages and says so."""
     lock = spec.get("lock", {})
     backend = str(lock.get("torch_backend") or "")
-    find_links = str(lock.get("torch_find_links") or "")
+    # The find-links URL without its user:password@ on uv's argv and in the lock; uv reads them from netrc.
+    given = str(lock.get("torch_find_links") or "")
+    auth = _filters().netrc_of(
+        [(f"lock.torch_find_links of package set {name} (sglang_venv_rocm_torch_index_url or {MIRROR_ENV})", given)])
+    if auth["errors"]:
+        raise SystemExit(f"{name}: " + "; ".join(auth["errors"]))
+    find_links = _filters().url_public(given)
     from_torch = tuple(canonical(p) for p in lock.get("torch_packages", TORCH_INDEX_PACKAGES))
     exclude = [canonical(p) for p in lock.get("exclude", [])]
     with_deps = [p for s in spec["steps"] if not s.get("no_deps") for p in s["packages"]]
@@ -136,7 +169,7 @@ def lock_set(uv: str, name: str, spec: dict[str, Any]) -> tuple[str, str]:
         args = ["--excludes", str(excludes)]
         args += ["--find-links", find_links] if find_links else (["--torch-backend", backend] if backend else [])
         needs_source = "torch_find_links" in lock and not find_links
-        resolved = None if needs_source else uv_compile(uv, with_deps, *args)
+        resolved = None if needs_source else uv_compile(uv, with_deps, *args, netrc=auth["netrc"])
         incomplete = ""
         if needs_source or (resolved.returncode != 0 and torch_source and UNREACHABLE.search(resolved.stderr)):
             # The torch source is out of reach: lock what PyPI serves, and say what is missing.
@@ -208,7 +241,7 @@ def main(argv: list[str]) -> int:
         print("uv is not installed: `make setup` installs it into .venv (requirements/controller.txt)", file=sys.stderr)
         return 2
     if args.command == "lock":
-        sets = package_sets()
+        sets = package_sets(mirror=os.environ.get(MIRROR_ENV) or None)
         LOCKS.mkdir(parents=True, exist_ok=True)
         for name in args.sets or sorted(sets):
             text, summary = lock_set(uv, name, sets[name])

@@ -52,22 +52,25 @@ VENV_PLAYBOOK = """
 - hosts: all
   gather_facts: false
   tasks:
+    - ansible.builtin.include_role: {name: sglang_venv, tasks_from: settings}
     - ansible.builtin.include_role: {name: sglang_venv, tasks_from: resolve}
     - ansible.builtin.copy:
-        content: "{{ _sglang_venv_steps | to_json }}"
+        content: "{{ {'steps': _sglang_venv_steps, 'set': _sglang_venv_set, 'settings': sglang_venv_settings,
+                      'netrc': _sglang_venv_index_auth.netrc} | to_json }}"
         dest: "{{ out }}/steps.json"
         mode: "0600"
       no_log: true
 """
 
 
-def test_the_venv_steps_are_not_printed_when_an_index_url_has_a_password(tmp_path):
-    """The steps (and pip's argv) hold the index URL as given, which pip needs: their tasks are
-    no_log when a URL carries user:password@, so -v does not print it."""
+def test_the_venv_steps_hold_no_index_password_and_pip_gets_it_in_a_netrc_text(tmp_path):
+    """The steps, the set and the settings fact (all printed at -v, and pip's argv is built from the
+    steps) hold the index URL without user:password@; the credentials are only in the netrc text
+    (no_log), percent-decoded as pip decodes a URL's userinfo."""
     (tmp_path / "play.yml").write_text(VENV_PLAYBOOK)
     variables = {"ansible_python_interpreter": sys.executable, "out": str(tmp_path),
                  "sglang_venv_package_set": "rocm-gfx1100",
-                 "sglang_venv_rocm_torch_index_url": f"https://bob:{PASSWORD}@127.0.0.5:9/rocm"}
+                 "sglang_venv_rocm_torch_index_url": f"https://bob:{PASSWORD}%40x@127.0.0.5:9/rocm"}
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
                ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1")
     run = subprocess.run(
@@ -77,9 +80,12 @@ def test_the_venv_steps_are_not_printed_when_an_index_url_has_a_password(tmp_pat
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert PASSWORD not in run.stdout + run.stderr
-    # pip still gets the URL as given.
-    steps = json.loads((tmp_path / "steps.json").read_text())
-    assert f"https://bob:{PASSWORD}@127.0.0.5:9/rocm" in [step["index_url"] for step in steps]
+    assert "Settings | the package set and the package sets" in run.stdout
+    facts = json.loads((tmp_path / "steps.json").read_text())
+    assert facts["steps"][0]["index_url"] == "https://127.0.0.5:9/rocm"
+    assert PASSWORD not in json.dumps([facts["steps"], facts["set"], facts["settings"]])
+    assert facts["set"]["lock"]["torch_find_links"] == "https://127.0.0.5:9/rocm"
+    assert facts["netrc"] == f"machine 127.0.0.5 login bob password {PASSWORD}@x\n"
 
 
 ROUTER_PLAYBOOK = """

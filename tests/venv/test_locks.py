@@ -9,7 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
+from cred_index import Watcher, start_index, wheel
 from plugins import ROOT, load
+from procs import stop_by_pid
 
 locks = load("scripts/lock_package_sets.py")
 LOCK_FILES = sorted((ROOT / "roles/sglang_venv/files/locks").glob("*.txt"))
@@ -93,3 +95,56 @@ def test_a_changed_hash_fails(uv, tmp_path):
     assert ok is False
     assert "numpy==" in message
     assert "hashes are not what PyPI serves" in message
+
+
+LOCK_PASSWORD = "pw/Lock 5Tn"  # noqa: S105 (a test password: its URL says pw%2FLock%205Tn)
+LOCK_SECRETS = (LOCK_PASSWORD, "pw%2FLock%205Tn")
+
+
+def test_the_mirror_comes_from_the_environment_or_the_defaults():
+    mirror = f"https://dave:{LOCK_SECRETS[1]}@127.0.0.64:9/rocm/"
+    spec = locks.package_sets(mirror=mirror)["rocm-gfx1100"]
+    assert spec["lock"]["torch_find_links"] == mirror
+    assert SETS["rocm-gfx1100"]["lock"]["torch_find_links"] == ""
+
+
+def test_make_lock_gives_uv_the_mirror_credentials_in_a_netrc_file(uv, tmp_path, monkeypatch):
+    """A find-links mirror with user:password@ (percent-encoded): uv's argv and the lock file name it
+    without them, uv reads them from a netrc file (NETRC) and gets the wheel from a local index that
+    answers only with basic auth; no process ever held the password, no netrc file is left."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel(wheels, "hfcred-torch", "0.0.1", "hfcred_torch", "V = 1\n")
+    proc, port = start_index("127.0.0.64", "dave", LOCK_PASSWORD, wheels, tmp_path / "index.log")
+    watcher = Watcher(LOCK_SECRETS)
+    try:
+        # Everything uv asks for goes to the local index (its default index too), never elsewhere.
+        monkeypatch.setenv("UV_DEFAULT_INDEX", f"http://127.0.0.64:{port}/simple/")
+        monkeypatch.setenv("TMPDIR", str(tmp_path))
+        spec = {"steps": [{"packages": ["hfcred-torch==0.0.1"], "no_deps": False}],
+                "lock": {"torch_find_links": f"http://dave:{LOCK_SECRETS[1]}@127.0.0.64:{port}/simple/hfcred-torch/",
+                         "torch_packages": ["hfcred-torch"], "exclude": []}}
+        watcher.start()
+        text, summary = locks.lock_set(uv, "cred-test", spec)
+    finally:
+        watcher.stop.set()
+        watcher.join()
+        stop_by_pid(proc)
+    assert "200 /files/hfcred_torch-0.0.1-py3-none-any.whl" in (tmp_path / "index.log").read_text()
+    assert "hfcred-torch==0.0.1" in locks.parse_lock(text)["hfcred-torch"]["block"][0]
+    assert f"# torch backend: http://127.0.0.64:{port}/simple/hfcred-torch/;" in text
+    assert "# incomplete" not in text
+    for secret in (*LOCK_SECRETS, "dave"):
+        assert secret not in text + summary
+    assert watcher.seen == []
+    assert not list(tmp_path.rglob("netrc"))
+
+
+def test_make_lock_refuses_a_mirror_url_it_cannot_give_uv_without_printing_the_password(uv):
+    spec = {"steps": [{"packages": ["x==1"], "no_deps": False}],
+            "lock": {"torch_find_links": "http://dave:pw/Lock@127.0.0.64:9/rocm/", "torch_packages": ["x"]}}
+    with pytest.raises(SystemExit) as refused:
+        locks.lock_set(uv, "cred-test", spec)
+    assert "lock.torch_find_links of package set cred-test" in str(refused.value)
+    assert "SGLANG_VENV_ROCM_TORCH_INDEX_URL" in str(refused.value)
+    assert "pw/Lock" not in str(refused.value)

@@ -205,3 +205,88 @@ def test_release_spec_leaves_an_index_password_out():
     assert first["steps"][0]["index_url"] == "https://wheels.example/rocm"
     assert first["steps"][0]["extra_index_url"] == ["https://127.0.0.2:9/idx"]
     assert json.dumps(spec("pw-Venv-2"), sort_keys=True) == text
+
+
+OLD_STEPS = """
+{%- set steps = [] -%}
+{%- set extras = [] -%}
+{%- if extra_packages | length > 0 -%}
+{%-   set _ = extras.append({'name': 'extra packages', 'packages': extra_packages, 'no_deps': extra_no_deps}) -%}
+{%- endif -%}
+{%- for step in set_steps + extras -%}
+{%-   set extra_urls = step.extra_index_url | default([]) -%}
+{%-   set extra_urls = [extra_urls] if extra_urls is string else extra_urls -%}
+{%-   set _ = steps.append({
+        'name': step.name | default('step ' ~ loop.index),
+        'packages': step.packages | list,
+        'no_deps': step.no_deps | default(false) | bool,
+        'index_url': step.index_url | default('') | string,
+        'extra_index_url': extra_urls | select | list}) -%}
+{%- endfor -%}
+{{ steps | to_json }}
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["sglang-sim"]])
+@pytest.mark.parametrize("extra_no_deps", [False, "yes"])
+def test_normalize_steps_as_the_jinja_it_replaced(extra, extra_no_deps):
+    set_steps = [
+        {"name": "torch", "packages": ["torch==2.9.1"], "no_deps": False, "index_url": "https://127.0.0.1:9/rocm"},
+        {"packages": ["sglang==0.5.19"], "no_deps": "true", "extra_index_url": "https://127.0.0.2:9/x"},
+        {"name": "more", "packages": ["a", "b"], "extra_index_url": ["", "https://127.0.0.3:9/y"]},
+    ]
+    old = json.loads(render(OLD_STEPS, set_steps=set_steps, extra_packages=extra, extra_no_deps=extra_no_deps))
+    assert F.normalize_steps(set_steps, extra, extra_no_deps) == old
+
+
+def test_index_auth_writes_a_netrc_that_python_reads_with_decoded_passwords(tmp_path):
+    """pip gets the index credentials from a netrc file (NETRC), read by Python's netrc module as
+    requests reads it: one entry per host, the user and password percent-decoded as pip decodes a
+    URL's userinfo, quoted so that spaces, quotes and backslashes survive; a token without a
+    password is a login alone."""
+    import netrc
+
+    steps = F.normalize_steps([
+        {"name": "torch", "packages": ["torch"], "index_url": "https://bob:p%40ss%20%22q%5C@127.0.0.7:8443/rocm"},
+        {"name": "rest", "packages": ["x"], "extra_index_url": ["https://tok-only@127.0.0.8/simple",
+                                                                 "https://127.0.0.9/simple"]},
+    ], [], False)
+    auth = F.index_auth(steps, "https://bob:p%40ss%20%22q%5C@127.0.0.7:8443/other", [], "s")
+    assert auth["errors"] == []
+    assert auth["hosts"] == ["127.0.0.7", "127.0.0.8"]
+    (tmp_path / "netrc").write_text(auth["netrc"])
+    parsed = netrc.netrc(str(tmp_path / "netrc"))
+    assert parsed.authenticators("127.0.0.7") == ("bob", "", 'p@ss "q\\')
+    assert parsed.authenticators("127.0.0.8") == ("tok-only", "", "")
+    assert parsed.authenticators("127.0.0.9") is None
+    # What pip's argv and the records hold instead.
+    assert [s["index_url"] for s in F.steps_public(steps)] == ["https://127.0.0.7:8443/rocm", ""]
+    assert F.steps_public(steps)[1]["extra_index_url"] == ["https://127.0.0.8/simple", "https://127.0.0.9/simple"]
+    assert F.index_auth(F.normalize_steps([{"packages": ["x"]}], [], False), "", [], "s") == {
+        "netrc": "", "hosts": [], "errors": []}
+
+
+def test_index_auth_refuses_what_a_netrc_cannot_hold_naming_the_variable_not_the_password():
+    steps = F.normalize_steps([{"name": "torch", "packages": ["torch"], "index_url": "https://bob:pw-B@127.0.0.7/r"}],
+                              [], False)
+    auth = F.index_auth(steps, "https://bob:pw-A@127.0.0.7/simple", ["https://al:p/ss@127.0.0.6/x"], "rocm-gfx1100")
+    assert auth["errors"] == [
+        "sglang_venv_extra_index_urls[0] has an '@' after its host part: percent-encode the user and password "
+        "(%40 for @, %2F for /, %3A for :)",
+        "the index_url of step 'torch' in sglang_venv_package_sets['rocm-gfx1100'] and sglang_venv_index_url give "
+        "different credentials for the host 127.0.0.7; pip's netrc holds one login per host: use one account for both",
+    ]
+    assert "pw-" not in json.dumps(auth["errors"])
+    assert "p/ss" not in json.dumps(auth["errors"])
+
+
+def test_sets_public_leaves_every_index_password_out():
+    sets = {"rocm": {"steps": [{"name": "t", "packages": ["torch"], "index_url": "https://bob:pw-S@127.0.0.7/r",
+                                "extra_index_url": ["https://bob:pw-S@127.0.0.8/x"]}],
+                     "lock": {"torch_find_links": "https://bob:pw-S@127.0.0.7/r", "require_hashes": True}},
+            "plain": {"steps": [{"packages": ["x"]}]}}
+    public = F.sets_public(sets)
+    assert "pw-S" not in json.dumps(public)
+    assert public["rocm"]["lock"] == {"torch_find_links": "https://127.0.0.7/r", "require_hashes": True}
+    assert public["plain"] == sets["plain"]
+    assert "pw-S" in json.dumps(sets)  # the inventory's value is not changed

@@ -21,6 +21,12 @@ or the role's facts as they are and does the branching the task files used to do
   install step.
 - ``sglang_venv_lock_index_args(steps, offline)``: the ``--extra-index-url=`` words of the
   hash-checking install (every step's index, once).
+- ``sglang_venv_normalize_steps(set_steps, extra_packages, extra_no_deps)``: the set's steps (and the
+  extra packages) as ``{name, packages, no_deps, index_url, extra_index_url}``, URLs as given.
+- ``sglang_venv_steps_public(steps)``, ``sglang_venv_url_public(url)``, ``sglang_venv_sets_public(sets)``:
+  the same without any index URL's user:password@.
+- ``sglang_venv_index_auth(steps, index_url, extra_index_urls, package_set)``: the index URLs'
+  credentials as a netrc file's text for pip (``NETRC``), and the variables that cannot be given so.
 - ``sglang_venv_switch_links(current_target, release_path)``: the links a switch writes, in order.
 - ``sglang_venv_kept(newest, keep, keep_releases)``: the releases prune keeps by name or by age.
 """
@@ -32,6 +38,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -70,19 +77,151 @@ def probe_note(probe: Mapping[str, Any]) -> str:
     return ""
 
 
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#]*)(.*)$", re.S)
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """``(url without user:password@, user, password)``, user and password percent-decoded as pip
+    decodes them (``p%40ss`` is ``p@ss``); ``None`` for what the URL does not carry."""
+    match = _URL.match(url)
+    if not match or "@" not in match.group(2):
+        return url, None, None
+    userinfo, _, host = match.group(2).rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    return match.group(1) + host + match.group(3), unquote(user), unquote(password) if colon else None
 
 
 def url_public(url: Any) -> Any:
-    """An index URL without its user:password@ (a record, a fact and the release's hash hold no
-    credentials; pip still gets the URL as given)."""
-    return _USERINFO.sub(r"\1", url) if isinstance(url, str) else url
+    """An index URL without its user:password@: what pip's argv, a record, a fact and the release's
+    hash hold. The credentials reach pip through a netrc file (``index_auth``)."""
+    return _split_userinfo(url)[0] if isinstance(url, str) else url
 
 
 def _public_urls(urls: Any) -> Any:
     if isinstance(urls, (list, tuple)):
         return [url_public(url) for url in urls]
     return url_public(urls)
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    return bool(value)
+
+
+def normalize_steps(set_steps: Sequence[Mapping[str, Any]], extra_packages: Sequence[Any],
+                    extra_no_deps: Any) -> list[dict[str, Any]]:
+    """The package set's steps, then ``extra packages`` (when any), each as
+    ``{name, packages, no_deps, index_url, extra_index_url}``: a step without a name is ``step <n>``,
+    ``extra_index_url`` a list of the non-empty URLs (one string is a list of one). URLs as given."""
+    steps = list(set_steps)
+    if len(extra_packages) > 0:
+        steps.append({"name": "extra packages", "packages": list(extra_packages), "no_deps": extra_no_deps})
+    out = []
+    for number, step in enumerate(steps, start=1):
+        extra = step.get("extra_index_url") or []
+        extra = [extra] if isinstance(extra, str) else list(extra)
+        index_url = step.get("index_url")
+        out.append({
+            "name": step.get("name") or f"step {number}",
+            "packages": list(step.get("packages") or []),
+            "no_deps": _as_bool(step.get("no_deps", False)),
+            "index_url": "" if index_url is None else str(index_url),
+            "extra_index_url": [url for url in extra if url],
+        })
+    return out
+
+
+def steps_public(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Normalized steps with every index URL without its user:password@ (what the role keeps, prints
+    and gives pip)."""
+    return [{**step, "index_url": url_public(step["index_url"]),
+             "extra_index_url": _public_urls(step["extra_index_url"])} for step in steps]
+
+
+_NETRC_PLAIN = re.compile(r'[^\s"\\#]+')
+
+
+def _netrc_word(text: str) -> str:
+    """A netrc token: as it is when it is one plain word, else quoted with backslash escapes (Python's
+    netrc, which pip's requests reads, takes both)."""
+    if _NETRC_PLAIN.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def index_auth(
+    steps: Sequence[Mapping[str, Any]], index_url: Any, extra_index_urls: Sequence[Any], package_set: Any
+) -> dict[str, Any]:
+    """The credentials of the index URLs, for pip through a netrc file (``NETRC``), never its argv.
+
+    ``{netrc, hosts, errors}``: ``netrc`` the file's text (``machine <host> login <user> password
+    <password>``, a word with a space, quote, backslash or ``#`` quoted; empty when no URL carries
+    credentials), ``hosts`` the hosts it
+    names, ``errors`` why the credentials cannot be given that way, each naming the variable and
+    the host, never the password: netrc holds one login per host, so two URLs on one host with
+    different credentials are refused, and a URL with ``@`` left after its host part (an unencoded
+    ``@`` or ``/`` in the password) is refused before pip could print it.
+    """
+    sources = []
+    if index_url:
+        sources.append(("sglang_venv_index_url", index_url))
+    sources += [(f"sglang_venv_extra_index_urls[{n}]", url) for n, url in enumerate(extra_index_urls or []) if url]
+    where = f"sglang_venv_package_sets['{package_set}']"
+    for step in steps:
+        if step["index_url"]:
+            sources.append((f"the index_url of step '{step['name']}' in {where}", step["index_url"]))
+        sources += [(f"the extra_index_url of step '{step['name']}' in {where}", url)
+                    for url in step["extra_index_url"]]
+    return netrc_of(sources)
+
+
+def netrc_of(sources: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """``index_auth`` for ``(variable, url)`` pairs (also used by scripts/lock_package_sets.py, whose uv
+    reads the same netrc format through ``NETRC``)."""
+    logins: dict[str, tuple[str, str, str | None]] = {}
+    errors = []
+    for variable, url in sources:
+        public, user, password = _split_userinfo(str(url))
+        if "@" in public:
+            errors.append(f"{variable} has an '@' after its host part: percent-encode the user and password "
+                          "(%40 for @, %2F for /, %3A for :)")
+            continue
+        if user is None:
+            continue
+        host = _URL.match(public).group(2).split(":")[0]
+        if host in logins and logins[host][1:] != (user, password):
+            errors.append(f"{variable} and {logins[host][0]} give different credentials for the host {host}; "
+                          "pip's netrc holds one login per host: use one account for both")
+            continue
+        logins.setdefault(host, (variable, user, password))
+    lines = [f"machine {_netrc_word(host)} login {_netrc_word(user)}"
+             + (f" password {_netrc_word(password)}" if password is not None else "")
+             for host, (_, user, password) in logins.items()]
+    return {"netrc": "".join(line + "\n" for line in lines), "hosts": list(logins), "errors": errors}
+
+
+def sets_public(package_sets: Mapping[str, Any]) -> dict[str, Any]:
+    """The package sets with every step's index URLs and ``lock.torch_find_links`` without user:password@
+    (the fact ``sglang_venv_settings``, which -v prints)."""
+    if not isinstance(package_sets, Mapping):
+        return package_sets
+    out = {}
+    for name, spec in package_sets.items():
+        if not isinstance(spec, Mapping):
+            out[name] = spec
+            continue
+        spec = dict(spec)
+        if isinstance(spec.get("steps"), (list, tuple)):
+            spec["steps"] = [
+                {**step, **{key: _public_urls(step[key]) for key in ("index_url", "extra_index_url") if key in step}}
+                if isinstance(step, Mapping) else step
+                for step in spec["steps"]
+            ]
+        if isinstance(spec.get("lock"), Mapping) and "torch_find_links" in spec["lock"]:
+            spec["lock"] = {**spec["lock"], "torch_find_links": url_public(spec["lock"]["torch_find_links"])}
+        out[name] = spec
+    return out
 
 
 def release_spec(
@@ -232,4 +371,9 @@ class FilterModule:
             "sglang_venv_lock_index_args": lock_index_args,
             "sglang_venv_switch_links": switch_links,
             "sglang_venv_kept": kept,
+            "sglang_venv_url_public": url_public,
+            "sglang_venv_normalize_steps": normalize_steps,
+            "sglang_venv_steps_public": steps_public,
+            "sglang_venv_index_auth": index_auth,
+            "sglang_venv_sets_public": sets_public,
         }
