@@ -20,7 +20,7 @@ description:
   - >-
     O(state=in) lists the workers, adds each instance the router does not list (C(POST /workers) with
     C({"url": ...})) and polls until it lists every named instance as healthy. An instance already
-    listed is left alone; nothing listed missing is no change.
+    listed is left alone; when none is missing, nothing changes.
   - >-
     Only a 200 whose JSON is an object with a list in C(workers) is an answer: a 5xx, a redirect or
     anything else is never taken for gone nor healthy. No redirect is followed (the key would go
