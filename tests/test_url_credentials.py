@@ -113,5 +113,5 @@ def test_a_router_url_with_a_password_is_refused_without_repeating_it(tmp_path):
     assert run.returncode != 0, said[-3000:]
     assert ('rollout_router_url="http://127.0.0.4:9" is not a router base URL without credentials'
             in " ".join(said.split()))
-    assert "Router | the workers it routes to" not in said
+    assert "Router | it lists its workers" not in said
     assert PASSWORD not in said

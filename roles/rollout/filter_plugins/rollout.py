@@ -8,7 +8,6 @@ import json
 import os
 import re
 import statistics
-import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -255,27 +254,6 @@ def rollout_notify_errors(url: Any, timeout: Any = 10) -> list[str]:
     return errors
 
 
-def rollout_router_worker_url(base: str, worker_id: Any) -> str:
-    """The router's URL of one worker, ``<base>/workers/<id>``, the id (which the router supplied)
-    percent-encoded whole (``/``, ``?``, ``#``, ``..`` cannot steer the request elsewhere)."""
-    return f"{str(base).rstrip('/')}/workers/{urllib.parse.quote(str(worker_id), safe='')}"
-
-
-def rollout_router_seen(poll: Any, wait_for: str, urls: list) -> list:
-    """Which of the awaited worker URLs a GET /workers poll saw: listed at all (wait_for ``gone``), or
-    listed and healthy (``healthy``). Only a 200 whose JSON has a list of workers says anything: any
-    other answer (a 5xx, a redirect, no JSON) counts as still listing every awaited URL when waiting
-    for them to be gone, and as none healthy when waiting for them to join."""
-    poll = poll if isinstance(poll, dict) else {}
-    workers = (poll.get("json") or {}).get("workers") if isinstance(poll.get("json"), dict) else None
-    if poll.get("status") != 200 or not isinstance(workers, list):
-        return list(urls) if wait_for == "gone" else []
-    listed = [w for w in workers if isinstance(w, dict) and w.get("url") in urls]
-    if wait_for != "gone":
-        listed = [w for w in listed if w.get("is_healthy") is True]
-    return [w["url"] for w in listed]
-
-
 def rollout_warm_summary(result: Any) -> dict[str, Any]:
     """One instance's warm-up (library/sglang_warm_set's result) as the report shows it: tokens sent,
     cached on that send, seconds, the files that failed and the module's summary line."""
@@ -305,7 +283,5 @@ class FilterModule:
             "rollout_order": rollout_order,
             "rollout_plan_summary": rollout_plan_summary,
             "rollout_inventory_label": rollout_inventory_label,
-            "rollout_router_worker_url": rollout_router_worker_url,
-            "rollout_router_seen": rollout_router_seen,
             "rollout_warm_summary": rollout_warm_summary,
         }
