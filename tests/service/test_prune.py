@@ -24,6 +24,7 @@ import pytest
 from plugins import load
 
 R = load("module_utils/sglang_service_release.py")
+F = load("roles/sglang_service/filter_plugins/sglang_service.py")
 
 IDS = [f"{i:012x}" for i in range(6)]  # oldest first
 
@@ -206,3 +207,12 @@ def test_the_current_release_stays_when_the_state_directory_is_reached_through_a
     assert _left(inst["releases_dir"]) == [IDS[0], IDS[5]]
     assert _left(Path(host["l3_dir"]) / "main") == [IDS[0] + "0000", "planned000000000"]
 
+
+def test_prune_instances_takes_what_the_module_needs_from_the_plan():
+    plan = [{"name": "main", "state_dir": "/s/main", "releases_dir": "/s/main/releases", "cache_root": "/s/main/cache",
+             "l3": {"dir": "/l3/main/x"}, "unit_content": "not passed", "args": {"--port": 1}},
+            {"name": "b", "state_dir": "/s/b", "releases_dir": "/s/b/releases", "cache_root": "/s/b/cache", "l3": {}}]
+    assert F.prune_instances(plan) == [
+        {"name": "main", "state_dir": "/s/main", "releases_dir": "/s/main/releases", "cache_root": "/s/main/cache",
+         "l3": {"dir": "/l3/main/x"}},
+        {"name": "b", "state_dir": "/s/b", "releases_dir": "/s/b/releases", "cache_root": "/s/b/cache", "l3": {}}]
