@@ -580,7 +580,8 @@ def remove_tree(path, roots):
     """Delete the directory `path` if it is a real directory directly in one of `roots` (themselves
     real directories), checked right before: a symlink put there since it was listed is left alone, and
     shutil.rmtree never follows one inside it. True if removed."""
-    if os.path.dirname(path) not in roots or not _real_dir(os.path.dirname(path)) or not _real_dir(path):
+    parent = os.path.dirname(path)
+    if os.path.normpath(parent) not in roots or not _real_dir(parent) or not _real_dir(path):
         return False
     shutil.rmtree(path)
     return True

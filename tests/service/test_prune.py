@@ -208,6 +208,16 @@ def test_the_current_release_stays_when_the_state_directory_is_reached_through_a
     assert _left(Path(host["l3_dir"]) / "main") == [IDS[0] + "0000", "planned000000000"]
 
 
+def test_a_state_directory_written_with_a_trailing_slash_prunes_the_same(tmp_path):
+    host = _host(tmp_path, l3=False)
+    inst = host["instances"][0]
+    state = str(tmp_path / "state")
+    inst.update({key: inst[key].replace(state, state + "/") for key in ("state_dir", "releases_dir", "cache_root")})
+    result = _prune(host, keep=2)
+    assert result["refused"] == []
+    assert _left(inst["releases_dir"]) == IDS[4:]
+
+
 def test_prune_instances_takes_what_the_module_needs_from_the_plan():
     plan = [{"name": "main", "state_dir": "/s/main", "releases_dir": "/s/main/releases", "cache_root": "/s/main/cache",
              "l3": {"dir": "/l3/main/x"}, "unit_content": "not passed", "args": {"--port": 1}},
