@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: sglang_service_release
-short_description: Stage an SGLang service release on the host, or make the staged release the live one
+short_description: Stage an SGLang service release on the host, make it the live one, or prune old ones
 description:
   - >-
     O(state=staged), the last step of the sglang_service role's C(stage): for each instance, compare its live unit,
@@ -33,6 +33,16 @@ description:
     are written where they differ, and C(current)
     points at O(instances[].release_dir). RV(restart) names the instances whose files changed. With
     C(--diff) it shows the unit and environment file changes (never the secrets file's).
+  - >-
+    O(state=prune), the role's C(prune): per instance, the release directories beyond the O(keep) newest
+    (by mtime) go, never one a C(current) or C(previous) pointer names nor one in O(protect); then every
+    JIT cache directory C(<cache_root>/<id>) whose release is not kept, and every L3 identity directory
+    C(<l3_dir>/<name>/<id>) that neither the release the C(current) pointer names nor the planned one
+    (O(instances[].l3)) uses. RV(kept_releases) holds the C(release.json) of every kept release (one
+    that cannot be read is left out). Only real directories directly in those directories are listed
+    and deleted: a symlink is never followed (a releases directory that is one is refused) and
+    nothing below is. Check mode deletes nothing and reports what would go; C(--diff) shows the
+    directories before and after.
   - The logic lives in module_utils/sglang_service_release.py (tested on its own).
 version_added: "0.1.0"
 author: hicache-fleet maintainers (!UNKNOWN)
@@ -45,6 +55,7 @@ options:
         secrets file (an old one is removed).
       - C(staged) keeps the candidate as a release directory and compares it with the live files.
       - C(active) installs the staged release (see the description).
+      - C(prune) removes the old releases, their JIT caches and the unused L3 directories (see the description).
       - >-
         C(rollback_secrets), the role's C(rollback) before it restores a release: each instance's
         secrets file holds the keys of O(secrets) (the inventory now), never those of the release
@@ -59,7 +70,7 @@ options:
         and the fix, changing nothing; with O(remove) it deletes them (RV(removed); RV(instances) must
         restart, after a daemon-reload). Check mode deletes nothing.
     type: str
-    choices: [scratch, staged, active, rollback_secrets, dropins]
+    choices: [scratch, staged, active, rollback_secrets, dropins, prune]
     default: staged
   instances:
     description:
@@ -73,29 +84,24 @@ options:
         type: str
         required: true
       unit_path:
-        description: The live unit file, compared with O(instances[].unit).
+        description: The live unit file, compared with O(instances[].unit). Required unless O(state=prune).
         type: path
-        required: true
       env_path:
-        description: The live environment file, compared with O(env).
+        description: The live environment file, compared with O(env). Required unless O(state=prune).
         type: path
-        required: true
       secrets_path:
-        description: The live secrets file; an instance without keys must have none.
+        description: The live secrets file; an instance without keys must have none. Required unless O(state=prune).
         type: path
-        required: true
       dropin_dirs:
         description: With O(state=dropins), the drop-in directories of the instance's unit (absolute paths).
         type: list
         elements: path
       release_dir:
-        description: The release directory to keep the candidate in (an absolute path).
+        description: The release directory to keep the candidate in (an absolute path). Required unless O(state=prune).
         type: path
-        required: true
       unit:
-        description: The candidate unit file's content.
+        description: The candidate unit file's content. Required unless O(state=prune).
         type: str
-        required: true
       argv_json:
         description:
           - >-
@@ -124,14 +130,25 @@ options:
         description:
           - >-
             The instance's state directory (its C(current) and C(previous) pointers).
-            Required with O(state=active).
+            Required with O(state=active) and O(state=prune).
         type: path
       releases_dir:
         description:
           - >-
-            The instance's releases directory (an adopted unit is kept there).
-            Required with O(state=active).
+            The instance's releases directory (an adopted unit is kept there; O(state=prune) prunes it).
+            Required with O(state=active) and O(state=prune).
         type: path
+      cache_root:
+        description:
+          - >-
+            The directory of the instance's JIT caches, one C(<cache_root>/<release id>) per release.
+            Required with O(state=prune).
+        type: path
+      l3:
+        description:
+          - >-
+            With O(state=prune), the planned L3 tier of the instance (its C(dir) is kept); empty when the tier is off.
+        type: dict
       unit_name:
         description:
           - >-
@@ -173,6 +190,20 @@ options:
     description: With O(state=dropins), delete the foreign drop-ins instead of refusing them.
     type: bool
     default: false
+  keep:
+    description: With O(state=prune), the release directories kept per instance besides the protected ones (the newest).
+    type: int
+  protect:
+    description:
+      - >-
+        With O(state=prune), release ids (config hashes, or their first 12 characters: the directory's name)
+        that are never removed, besides those the C(current) and C(previous) pointers name.
+    type: list
+    elements: str
+    default: []
+  l3_dir:
+    description: With O(state=prune), the L3 tier's directory (C(<l3_dir>/<name>/<identity id>)).
+    type: path
   service_group:
     description:
       - >-
@@ -198,6 +229,20 @@ EXAMPLES = r"""
     env: {main: "{{ env_text }}"}
     secrets: {}
   register: staged
+
+- name: Prune | old releases, their JIT caches and the L3 directories no kept release uses
+  sglang_service_release:
+    state: prune
+    instances:
+      - name: main
+        state_dir: /var/lib/sglang/main
+        releases_dir: /var/lib/sglang/main/releases
+        cache_root: /var/lib/sglang/main/cache
+        l3: {}
+    keep: 5
+    protect: [0123456789ab]
+    l3_dir: /var/lib/sglang/l3
+  register: pruned
 
 - name: Install | the staged release becomes the live one
   sglang_service_release:
@@ -257,11 +302,31 @@ instances:
   elements: str
   sample: [main]
 removed:
-  description: With O(state=dropins) and O(remove), the drop-in files deleted (in check mode, that would be).
-  returned: with O(state=dropins)
+  description:
+    - With O(state=dropins) and O(remove), the drop-in files deleted (in check mode, that would be).
+    - With O(state=prune), the release, JIT cache and L3 directories deleted (in check mode, that would be).
+  returned: with O(state=dropins) or O(state=prune)
   type: list
   elements: str
   sample: [/etc/systemd/system/sglang-main.service.d/override.conf]
+refused:
+  description:
+    - >-
+      With O(state=prune), the directories left alone because, when their turn came, they were no longer
+      a real directory in their parent (a symlink put there is neither followed nor removed).
+  returned: with O(state=prune)
+  type: list
+  elements: str
+  sample: []
+kept_releases:
+  description:
+    - >-
+      With O(state=prune), the parsed C(release.json) of every release kept (one that cannot be read is
+      left out); the role publishes it as sglang_service_kept_releases.
+  returned: with O(state=prune)
+  type: list
+  elements: dict
+  sample: [{name: main, config_hash: 0123456789ab, venv: /opt/sglang/venvs/0.5.23, model_paths: [/srv/models/main]}]
 written:
   description:
     - The release directory and files created or rewritten (in check mode, that would be).
@@ -278,9 +343,11 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_service_release import (
     DropinsRefused,
+    PruneRefused,
     RollbackRefused,
     activate,
     dropins,
+    prune,
     rollback_secrets,
     scratch,
     stage,
@@ -288,12 +355,12 @@ from ansible.module_utils.sglang_service_release import (
 
 INSTANCE_OPTIONS = {
     "name": {"type": "str", "required": True},
-    "unit_path": {"type": "path", "required": True},
-    "env_path": {"type": "path", "required": True},
-    "secrets_path": {"type": "path", "required": True},
-    "release_dir": {"type": "path", "required": True},
+    "unit_path": {"type": "path"},
+    "env_path": {"type": "path"},
+    "secrets_path": {"type": "path"},
+    "release_dir": {"type": "path"},
     "dropin_dirs": {"type": "list", "elements": "path"},
-    "unit": {"type": "str", "required": True},
+    "unit": {"type": "str"},
     "argv_json": {"type": "str"},
     "release_json": {"type": "str"},
     "state_dir": {"type": "path"},
@@ -303,20 +370,25 @@ INSTANCE_OPTIONS = {
     "unit_name": {"type": "str"},
     "bind": {"type": "str"},
     "port": {"type": "int"},
+    "cache_root": {"type": "path"},
+    "l3": {"type": "dict"},
 }
+# Every state but prune works on an instance's live files and its candidate release.
+LIVE = ("unit_path", "env_path", "secrets_path", "release_dir", "unit")
 NEEDED = {
-    "scratch": ("staging_dir", "check_argv_json", "unit_name"),
-    "staged": ("argv_json", "release_json"),
-    "active": ("state_dir", "releases_dir", "unit_name", "bind", "port"),
-    "rollback_secrets": (),
-    "dropins": ("dropin_dirs",),
+    "scratch": (*LIVE, "staging_dir", "check_argv_json", "unit_name"),
+    "staged": (*LIVE, "argv_json", "release_json"),
+    "active": (*LIVE, "state_dir", "releases_dir", "unit_name", "bind", "port"),
+    "rollback_secrets": LIVE,
+    "dropins": (*LIVE, "dropin_dirs"),
+    "prune": ("state_dir", "releases_dir", "cache_root"),
 }
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "choices": ["scratch", "staged", "active", "rollback_secrets", "dropins"],
+            "state": {"type": "str", "choices": ["scratch", "staged", "active", "rollback_secrets", "dropins", "prune"],
                       "default": "staged"},
             "instances": {"type": "list", "elements": "dict", "required": True, "options": INSTANCE_OPTIONS},
             # The env file holds no keys (they are in the secrets file): shown in --diff like the unit.
@@ -325,7 +397,11 @@ def main():
             "changing": {"type": "list", "elements": "str", "default": []},
             "service_group": {"type": "str", "default": "root"},
             "remove": {"type": "bool", "default": False},
+            "keep": {"type": "int"},
+            "protect": {"type": "list", "elements": "str", "default": []},
+            "l3_dir": {"type": "path"},
         },
+        required_if=[("state", "prune", ("keep", "l3_dir"))],
         supports_check_mode=True,
     )
     state = module.params["state"]
@@ -333,7 +409,7 @@ def main():
         missing = [key for key in NEEDED[state] if instance.get(key) is None]
         if missing:
             module.fail_json(msg=f"instance {instance['name']}: state={state} needs {', '.join(missing)}")
-        for key in ("release_dir", "state_dir", "releases_dir", "staging_dir"):
+        for key in ("release_dir", "state_dir", "releases_dir", "staging_dir", "cache_root"):
             if instance.get(key) is not None and not instance[key].startswith("/"):
                 module.fail_json(msg=f"instance {instance['name']}: {key} {instance[key]!r} is not an absolute path")
     # root:root when running as root (as the copy and file tasks this replaces required).
@@ -347,7 +423,12 @@ def main():
             module.fail_json(msg=f"service_group {module.params['service_group']!r} is not a group on this host "
                                  "(sglang_service_group: the service user's group, created by the role's user step)")
     try:
-        if state == "dropins":
+        if state == "prune":
+            result = prune(module.params["instances"], module.params["keep"], module.params["protect"],
+                           module.params["l3_dir"], module.check_mode, want_diff=module._diff)
+            for path in result["refused"]:
+                module.warn(f"prune left {path} alone: it is no longer a real directory where it was listed")
+        elif state == "dropins":
             result = dropins(module.params["instances"], module.params["remove"], module.check_mode)
         elif state == "scratch":
             result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False}
@@ -360,7 +441,7 @@ def main():
                               owner, want_diff=module._diff)
             if not module._diff:
                 result.pop("diff")
-    except (RollbackRefused, DropinsRefused) as exc:
+    except (RollbackRefused, DropinsRefused, PruneRefused) as exc:
         module.fail_json(msg=str(exc))
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"the release ({state}) failed: {exc}")

@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -414,3 +417,196 @@ def dropins(instances, remove, check_mode):
                     os.unlink(path)
                 removed.append(path)
     return {"instances": list(found), "removed": removed, "changed": bool(removed)}
+
+
+# --- prune: old releases, the JIT caches and the L3 directories no kept release uses -------------
+# The rules were filters of the role (sglang_service_prune, _prune_caches, _prune_l3, _l3_kept) fed
+# by a chain of stat/find/file/slurp tasks; they live here once, and state=prune runs them in one call.
+
+
+def prune_releases(found, keep, protect, protect_ids=()):
+    """Release directories to delete: all but the `keep` newest (by mtime) and the protected ones.
+
+    `found`: {path, mtime} entries; `protect` names directories by path (what the `current` and
+    `previous` pointers resolve to); `protect_ids` by release id (a config hash, or its first 12
+    characters, which is the directory's name)."""
+    ids = {str(i)[:12] for i in protect_ids if i}
+    paths = set(protect)
+    ordered = sorted(found, key=lambda entry: entry.get("mtime", 0), reverse=True)
+    return [
+        entry["path"]
+        for entry in ordered[max(int(keep), 0):]
+        if entry["path"] not in paths and str(entry["path"]).rstrip("/").rsplit("/", 1)[-1] not in ids
+    ]
+
+
+def prune_caches(found, releases):
+    """Cache directories to delete: each <cache>/<id> whose release directory (by its name, the id)
+    is not among `releases` (the release directories left after pruning). A rollback to a kept
+    release finds its cache; a pruned release's cache goes with it."""
+    kept = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in releases or []}
+    return [str(entry["path"]) for entry in found or []
+            if str(entry["path"]).rstrip("/").rsplit("/", 1)[-1] not in kept]
+
+
+def l3_kept(releases, current_dirs):
+    """The releases whose L3 directory stays: the one a `current` pointer names (what the server runs;
+    after the rollout's gate it is also what the host validated). An L3 tier is a cache, often hundreds
+    of GB: every other kept release (the previous one, the newest kept, an earlier validated one) keeps
+    its files but not its pages; a rollback to it starts with an empty directory."""
+    current = {str(d).rstrip("/") for d in current_dirs or [] if d}
+    return [release for release in releases or [] if str(release.get("release_dir") or "").rstrip("/") in current]
+
+
+def prune_l3(found, kept):
+    """L3 identity directories to delete: each found <root>/<name>/<id> that is not the `dir` of a kept
+    release's L3 tier (`kept`: L3 records or release records with an ``l3`` entry, or paths)."""
+    keep = set()
+    for entry in kept or []:
+        if isinstance(entry, Mapping):
+            entry = (entry.get("l3") or {}).get("dir") if "l3" in entry else entry.get("dir")
+        if entry:
+            keep.add(str(entry).rstrip("/"))
+    return [str(item["path"]) for item in found or [] if str(item["path"]).rstrip("/") not in keep]
+
+
+def _real_dir(path):
+    """Whether `path` itself is a directory (a symlink, even to one, is not)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def subdirectories(root):
+    """The directories directly in `root` as `find file_type=directory` listed them: {path, mtime},
+    hidden names left out, a symlink never listed (nor followed), in name order. [] when `root` is
+    missing or is not itself a real directory (a symlink there is not descended into)."""
+    if not _real_dir(root):
+        return []
+    found = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name.startswith("."):
+            continue
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            found.append({"path": path, "mtime": st.st_mtime})
+    return found
+
+
+def _pointer(path):
+    """The real path a `current`/`previous` pointer resolves to (stat's lnk_source), None without one."""
+    return os.path.realpath(path) if os.path.islink(path) else None
+
+
+def read_release(release_dir):
+    """A release's release.json, parsed; None when it cannot be read (missing, not a file, no access).
+    Content that is not JSON is an error: the release's venv and models could not be kept."""
+    path = os.path.join(release_dir, "release.json")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON ({exc}): fix or remove that release by hand; nothing was removed") \
+            from None
+
+
+def l3_instance_root(l3_dir, name):
+    """<l3_dir>/<name>, the directory an instance's L3 identity directories are in."""
+    return re.sub(r"(.)/+$", r"\1", str(l3_dir)) + "/" + name
+
+
+class PruneRefused(ValueError):
+    """A directory prune would read or delete is not where the role keeps it: nothing was removed."""
+
+
+def prune_plan(instances, keep, protect_ids, l3_dir):
+    """What prune removes and keeps, read only. Returns {releases, caches, l3, roots, found,
+    kept_releases}: the paths to delete by kind, the directories they may be in (`roots`), every
+    directory considered (`found`) and the parsed release.json of every kept release (in instance
+    order, then by name; an unreadable one is left out).
+
+    Releases: beyond the `keep` newest per instance, never one a `current` or `previous` pointer (of
+    any instance) resolves to, nor one named in `protect_ids`. Caches: <cache_root>/<id> whose
+    release (by id, any instance's) is not kept. L3: <l3_dir>/<name>/<id> unless it is the L3 directory
+    of a kept release a `current` pointer names, or a planned one (instances[].l3.dir)."""
+    pointers = {}
+    for instance in instances:
+        for which in ("current", "previous"):
+            pointers[(instance["name"], which)] = _pointer(os.path.join(instance["state_dir"], which))
+    targets = {target for target in pointers.values() if target}
+    roots, found_releases, pruned = [], [], []
+    for instance in instances:
+        releases_dir = instance["releases_dir"]
+        if os.path.islink(releases_dir):
+            raise PruneRefused(f"instance {instance['name']}: {releases_dir} is a symlink, not the releases directory "
+                               "the role makes (root's, 0700); nothing was removed. Replace it with a directory.")
+        found = subdirectories(releases_dir)
+        found_releases += found
+        # A pointer resolves to a real path; a release is protected when its own real path is that one
+        # (the same directory when the state directory is reached through a symlink).
+        protect = sorted(targets) + [e["path"] for e in found if os.path.realpath(e["path"]) in targets]
+        pruned += prune_releases(found, keep, protect, protect_ids)
+        roots.append(releases_dir)
+    kept_dirs = [entry["path"] for entry in found_releases if entry["path"] not in pruned]
+    found_caches, found_l3 = [], []
+    for instance in instances:
+        l3_root = l3_instance_root(l3_dir, instance["name"])
+        found_caches += subdirectories(instance["cache_root"])
+        found_l3 += subdirectories(l3_root)
+        roots += [instance["cache_root"], l3_root]
+    caches = prune_caches(found_caches, kept_dirs)
+    kept_releases = [record for record in (read_release(path) for path in kept_dirs) if record is not None]
+    current = {target for (_name, which), target in pointers.items() if which == "current" and target}
+    records = [r for r in kept_releases if isinstance(r, Mapping)]
+    current_dirs = sorted(current) + [str(r["release_dir"]) for r in records if r.get("release_dir")
+                                      and os.path.realpath(str(r["release_dir"])) in current]
+    l3_keep = l3_kept(records, current_dirs)
+    l3 = prune_l3(found_l3, l3_keep + [instance.get("l3") or {} for instance in instances])
+    return {"releases": pruned, "caches": caches, "l3": l3, "roots": roots,
+            "found": [entry["path"] for entry in found_releases + found_caches + found_l3],
+            "kept_releases": kept_releases}
+
+
+def remove_tree(path, roots):
+    """Delete the directory `path` if it is a real directory directly in one of `roots` (themselves
+    real directories), checked right before: a symlink put there since it was listed is left alone, and
+    shutil.rmtree never follows one inside it. True if removed."""
+    parent = os.path.dirname(path)
+    if os.path.normpath(parent) not in roots or not _real_dir(parent) or not _real_dir(path):
+        return False
+    shutil.rmtree(path)
+    return True
+
+
+def prune(instances, keep, protect_ids, l3_dir, check_mode, want_diff=False):
+    """Remove the releases, JIT caches and L3 directories prune_plan names (in check mode, none).
+
+    Returns {removed, refused, kept_releases, diff, changed}: `removed` the directories deleted (or
+    that would be), `refused` those left alone because they were no longer a real directory in their
+    root, `diff` (with `want_diff`) every directory considered, before and after."""
+    plan = prune_plan(instances, keep, protect_ids, l3_dir)
+    roots = {os.path.normpath(root) for root in plan["roots"]}
+    removed, refused = [], []
+    for path in plan["releases"] + plan["caches"] + plan["l3"]:
+        if check_mode:
+            removed.append(path)
+        elif remove_tree(path, roots):
+            removed.append(path)
+        else:
+            refused.append(path)
+    result = {"removed": removed, "refused": refused, "kept_releases": plan["kept_releases"],
+              "changed": bool(removed)}
+    if want_diff:
+        result["diff"] = {"before_header": "directories (prune)", "after_header": "directories (prune)",
+                          "before": "".join(f"{path}\n" for path in plan["found"]),
+                          "after": "".join(f"{path}\n" for path in plan["found"] if path not in removed)}
+    return result

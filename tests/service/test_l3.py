@@ -19,6 +19,8 @@ from plugins import load
 from service_render import run_plans
 
 F = load("roles/sglang_service/filter_plugins/sglang_service.py")
+# What prune keeps and removes: library/sglang_service_release.py's rules (state prune).
+R = load("module_utils/sglang_service_release.py")
 
 ARGS = {"--model-path": "/srv/models/.store/main-0123456789ab",
         "--speculative-draft-model-path": "/srv/models/.store/draft-ba9876543210",
@@ -89,8 +91,8 @@ def test_directories_and_prune():
     found = [{"path": "/var/lib/sglang/l3/a/" + name} for name in ("0123456789abcdef", "1111111111111111",
                                                                    "2222222222222222")]
     kept = [{"name": "a", "l3": {"dir": "/var/lib/sglang/l3/a/1111111111111111"}}, {"name": "a"}, {}]
-    assert F.prune_l3(found, [*kept, plan[0]["l3"]]) == ["/var/lib/sglang/l3/a/2222222222222222"]
-    assert F.prune_l3(found, []) == [entry["path"] for entry in found]
+    assert R.prune_l3(found, [*kept, plan[0]["l3"]]) == ["/var/lib/sglang/l3/a/2222222222222222"]
+    assert R.prune_l3(found, []) == [entry["path"] for entry in found]
 
 
 def test_only_the_running_release_keeps_its_l3_directory():
@@ -102,12 +104,12 @@ def test_only_the_running_release_keeps_its_l3_directory():
         {"release_dir": "/var/lib/sglang/main/releases/cccccccccccc", "config_hash": "cccccccccccc" + "0" * 52,
          "l3": {"dir": "/l3/main/3333"}},  # validated before this run's release
     ]
-    kept = F.l3_kept(releases, ["/var/lib/sglang/main/releases/aaaaaaaaaaaa/"])
+    kept = R.l3_kept(releases, ["/var/lib/sglang/main/releases/aaaaaaaaaaaa/"])
     assert [r["l3"]["dir"] for r in kept] == ["/l3/main/1111"]
     found = [{"path": f"/l3/main/{n}"} for n in ("1111", "2222", "3333")]
-    assert F.prune_l3(found, kept) == ["/l3/main/2222", "/l3/main/3333"]
+    assert R.prune_l3(found, kept) == ["/l3/main/2222", "/l3/main/3333"]
     # Nothing running (prune called alone before any activation): only the plan's stays.
-    assert F.l3_kept(releases, []) == []
+    assert R.l3_kept(releases, []) == []
 
 
 def test_release_record_carries_the_identity_only_when_on():

@@ -1,4 +1,5 @@
-"""The sglang_service filters behind a host release: what changes, what a release names, what is pruned."""
+"""The sglang_service filters behind a host release (what changes, what a release names) and the rule of what
+is pruned (module_utils/sglang_service_release.py)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def test_release_record_without_a_draft_model():
 
 
 def test_prune_keeps_protected_ids_and_paths():
-    f = _filters()
+    f = load("module_utils/sglang_service_release.py")
     found = [{"path": f"/r/{c * 12}", "mtime": i} for i, c in enumerate("abcdef")]
     # Newest two kept by count (f, e); d by path; a by its full config hash.
-    assert f.prune(found, 2, ["/r/" + "d" * 12], ["a" * 64]) == ["/r/" + "c" * 12, "/r/" + "b" * 12]
-    assert f.prune(found, 6, [], []) == []
+    assert f.prune_releases(found, 2, ["/r/" + "d" * 12], ["a" * 64]) == ["/r/" + "c" * 12, "/r/" + "b" * 12]
+    assert f.prune_releases(found, 6, [], []) == []

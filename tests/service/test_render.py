@@ -298,7 +298,7 @@ def test_host_pool_and_pruning():
     assert filters.host_pool_gb({"--hicache-size": "3"}) == 3
     assert filters.host_pool_gb({"--tp-size": 2, "--hicache-size": 0.5}) == 0
     found = [{"path": f"r{i}", "mtime": i} for i in range(6)]
-    assert filters.prune(found, 3, ["r0"]) == ["r2", "r1"]
+    assert load("module_utils/sglang_service_release.py").prune_releases(found, 3, ["r0"]) == ["r2", "r1"]
 
 
 def test_fleet_args_override_the_profile_and_instances_override_them(tmp_path):

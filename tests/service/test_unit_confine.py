@@ -162,7 +162,7 @@ def test_cache_directories_give_the_root_to_root_and_the_release_cache_to_the_se
 
 
 def test_prune_caches_keeps_the_caches_of_kept_releases():
-    f = _filters()
+    f = load("module_utils/sglang_service_release.py")
     found = [{"path": "/s/main/cache/aaaaaaaaaaaa"}, {"path": "/s/main/cache/bbbbbbbbbbbb"},
              {"path": "/s/main/cache/cccccccccccc"}]
     kept = ["/s/main/releases/aaaaaaaaaaaa", "/s/main/releases/cccccccccccc/"]

@@ -34,8 +34,8 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``sglang_service_cache_directories(cache_root, release_id, user, group)``: a release's JIT cache
   directories with their owner and mode; ``sglang_service_rollback_cache_directories(previous, user,
   group)`` the same for the release a `previous` pointer's stat result names.
-- ``sglang_service_prune_caches(found, releases)``: the JIT cache directories (<state>/<name>/cache/<id>)
-  whose release directory is gone (pruned, or never there).
+- ``sglang_service_prune_instances(plan)``: the plan as library/sglang_service_release.py's
+  ``state: prune`` takes it (its rules are module_utils/sglang_service_release.py's).
 - ``sglang_service_redact(text, secrets)``: text (or lines) with every secret replaced by
   ``<redacted>``, and any value SGLang prints after ``--api-key`` / ``api_key=`` too.
 - ``sglang_service_l3_identity(args, sglang_release)``: the cache identity of an instance's L3 tier
@@ -44,8 +44,6 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``sglang_service_l3_args(args, on)``: the launch arguments with ``--hicache-storage-backend file``
   (before ``--host``) when the L3 tier is on.
 - ``sglang_service_l3_directories(plan, user, group)``: the L3 directories with their owner and mode.
-- ``sglang_service_prune_l3(found, kept)``: the L3 identity directories no kept release uses.
-- ``sglang_service_l3_kept(releases, current_dirs)``: the releases whose L3 directory stays.
 """
 
 from __future__ import annotations
@@ -151,24 +149,6 @@ def host_pool_gb(args: Mapping[str, Any], hicache: Any = True) -> int:
     return size * tp
 
 
-def prune(
-    found: Sequence[Mapping[str, Any]], keep: int, protect: Sequence[str], protect_ids: Sequence[str] = ()
-) -> list[str]:
-    """Release directories to delete: all but the `keep` newest (by mtime) and the protected ones.
-
-    `protect` names directories by path; `protect_ids` by release id (a config hash, or its first 12
-    characters, which is the directory's name).
-    """
-    ids = {str(i)[:12] for i in protect_ids if i}
-    paths = set(protect)
-    ordered = sorted(found, key=lambda entry: entry.get("mtime", 0), reverse=True)
-    return [
-        entry["path"]
-        for entry in ordered[max(int(keep), 0) :]
-        if entry["path"] not in paths and str(entry["path"]).rstrip("/").rsplit("/", 1)[-1] not in ids
-    ]
-
-
 _RELEASE_KEYS = ("name", "unit", "bind", "port", "profile", "hicache", "api_key_set", "admin_api_key_set",
                  "secrets_set", "config_hash", "release_dir", "state_dir", "components")
 _MODEL_FLAGS = ("--model-path", "--speculative-draft-model-path")
@@ -250,15 +230,6 @@ def device_allow(devices: Sequence[Any], render_nodes: Sequence[Any], allow_kms:
     return entries
 
 
-def prune_caches(found: Sequence[Mapping[str, Any]], releases: Sequence[Any]) -> list[str]:
-    """Cache directories to delete: each <cache>/<id> whose release directory (by its name, the id)
-    is not among `releases` (the release directories left after pruning). A rollback to a kept
-    release finds its cache; a pruned release's cache goes with it."""
-    kept = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in releases or []}
-    return [str(entry["path"]) for entry in found or []
-            if str(entry["path"]).rstrip("/").rsplit("/", 1)[-1] not in kept]
-
-
 # --- L3 tier (SGLang's `file` storage backend) ---------------------------------------------------
 # What SGLang 0.5.23 resolves when a flag is absent (its argparse defaults; --page-size None is one
 # token per page, and a page_first layout with the direct io backend becomes page_first_direct,
@@ -333,27 +304,6 @@ def l3_directories(plan: Sequence[Mapping[str, Any]], user: str, group: str) -> 
     return dirs
 
 
-def l3_kept(releases: Sequence[Mapping[str, Any]], current_dirs: Sequence[str]) -> list:
-    """The releases whose L3 directory stays: the one a `current` pointer names (what the server runs;
-    after the rollout's gate it is also what the host validated). An L3 tier is a cache, often hundreds
-    of GB: every other kept release (the previous one, the newest kept, an earlier validated one) keeps
-    its files but not its pages; a rollback to it starts with an empty directory."""
-    current = {str(d).rstrip("/") for d in current_dirs or [] if d}
-    return [release for release in releases or [] if str(release.get("release_dir") or "").rstrip("/") in current]
-
-
-def prune_l3(found: Sequence[Mapping[str, Any]], kept: Sequence[Any]) -> list[str]:
-    """L3 identity directories to delete: each found <root>/<name>/<id> that is not the `dir` of a kept
-    release's L3 tier (`kept`: L3 records or release records with an ``l3`` entry, or paths)."""
-    keep = set()
-    for entry in kept or []:
-        if isinstance(entry, Mapping):
-            entry = (entry.get("l3") or {}).get("dir") if "l3" in entry else entry.get("dir")
-        if entry:
-            keep.add(str(entry).rstrip("/"))
-    return [str(item["path"]) for item in found or [] if str(item["path"]).rstrip("/") not in keep]
-
-
 def _nice_json(value: Any) -> str:
     """JSON as Ansible's to_nice_json writes it (indent 4, sorted keys, ASCII)."""
     return json.dumps(value, indent=4, sort_keys=True, separators=(",", ": "))
@@ -386,6 +336,14 @@ def release_instances(plan: Sequence[Mapping[str, Any]], python: str) -> list[di
         }
         for instance in plan
     ]
+
+
+def prune_instances(plan: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The plan as library/sglang_service_release.py takes it with ``state: prune``: each instance's
+    state, releases and JIT cache directories and its planned L3 tier (``{}`` when off)."""
+    return [{"name": instance["name"], "state_dir": instance["state_dir"], "releases_dir": instance["releases_dir"],
+             "cache_root": instance["cache_root"], "l3": dict(instance.get("l3") or {})}
+            for instance in plan]
 
 
 def systemd_quote(word: Any) -> str:
@@ -617,7 +575,7 @@ class FilterModule:
             "sglang_service_argv_groups": argv_groups,
             "sglang_service_systemd_quote": systemd_quote,
             "sglang_service_host_pool_gb": host_pool_gb,
-            "sglang_service_prune": prune,
+            "sglang_service_prune_instances": prune_instances,
             "sglang_service_release_instances": release_instances,
             "sglang_service_directories": directories,
             "sglang_service_release_record": release_record,
@@ -636,12 +594,9 @@ class FilterModule:
             "sglang_service_url_host": url_host,
             "sglang_service_journal": journal,
             "sglang_service_device_allow": device_allow,
-            "sglang_service_prune_caches": prune_caches,
             "sglang_service_cache_directories": cache_directories,
             "sglang_service_rollback_cache_directories": rollback_cache_directories,
             "sglang_service_l3_identity": l3_identity,
             "sglang_service_l3_args": l3_args,
             "sglang_service_l3_directories": l3_directories,
-            "sglang_service_prune_l3": prune_l3,
-            "sglang_service_l3_kept": l3_kept,
         }
