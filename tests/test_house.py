@@ -424,4 +424,5 @@ def test_specs_skip_check_finds_an_include_that_validates_again(tmp_path):
         {"name": "a", "ansible.builtin.include_role": {"name": "one", "rolespec_validate": SPECS_SKIP}},
         {"name": "b", "ansible.builtin.include_role": {"name": "two", "tasks_from": "plan"}}]}]))
     problems = specs_skip_findings(tmp_path, ("p.yml",))
-    assert len(problems) == 1 and "include_role two plan" in problems[0], problems
+    assert len(problems) == 1, problems
+    assert "include_role two plan" in problems[0], problems

@@ -67,7 +67,8 @@ def test_preflight_passes_good_models_and_publishes_no_model_path(models_run):
     status, block = _host_outcome(run.stdout, "good")
     findings = [f for f in _findings(block) if not HOST_ONLY.search(f)] if status == "fatal" else []
     assert findings == [], run.stdout[-4000:]
-    assert "TASK [models : Plan | resolve the models (manifests, versioned paths) and publish the input problems]" in run.stdout
+    assert ("TASK [models : Plan | resolve the models (manifests, versioned paths) and publish the input problems]"
+            in run.stdout)
     assert "Plan | publish the versioned model paths" not in run.stdout
     assert "List why the models were not planned" not in run.stdout
 
