@@ -401,3 +401,20 @@ def test_a_key_with_a_newline_is_refused_without_showing_it(tmp_path, fake_route
     assert "rollout_router_api_key contains whitespace" in " ".join(said.split())
     assert secret not in said
     assert fake_router.requests == []
+
+
+# What molecule/rollout's side effect ran as two whole runs before (a router that does not answer, a
+# URL that is not a router's base URL): router_check refuses each, naming rollout_router_url and what
+# to check. playbooks/rollout.yml runs router_check in a play before any host's stage.
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://127.0.0.9:9", "did not list its workers"),
+    ("127.0.0.9:30100", "is not a router base URL"),
+])
+def test_router_check_refuses_a_router_that_does_not_answer_or_a_bad_url(tmp_path, url, said):
+    proc, _ = play(tmp_path, role("router_check"), {**ROLE_VARS, "rollout_router_url": url,
+                                                    "rollout_router_wait_s": 2})
+    output = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0
+    assert said in output
+    assert "rollout_router_url" in output
+    assert KEY not in output
