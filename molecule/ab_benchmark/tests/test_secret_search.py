@@ -5,7 +5,7 @@ The fleet carries three api keys (secret-keys.json, written by side_effect_secre
 aux serves with; `extra`, a random key given with -e sglang_service_api_key to a run refused by a
 live lock holder and to a --check --diff run. After the whole rollout (converge), the refused run,
 a site.yml whose probe gate fails and is rolled back (gate_fault.yml), --check --diff, the failed
-A/B, the A/B at -v and idempotence, each key is searched for:
+A/B, the A/B at -v and idempotence (and the whole run after the failed gate), each key is searched for:
 - in the runs' outputs (each at -v; the check run with --diff);
 - in every file of the test host (a whole-filesystem grep, /proc, /sys and /dev left out): only the
   instances' root-only secrets files (and release copies of them) may hold one; journald's own files
@@ -55,6 +55,7 @@ OUTSIDER = "nobody"
 OUTPUTS = {
     "refused second run": "secrets-refused.log",
     "failed gate": "secrets-gate.log",
+    "whole run after it": "secrets-after-gate.log",
     "--check --diff": "secrets-check-diff.log",
     "A/B": "ab-verbose.log",
 }
@@ -118,7 +119,8 @@ def test_the_runs_ran_at_v_and_did_what_they_say():
     assert "ROLLOUT REFUSED: another run holds the lock" in text["refused second run"]
     assert f"ROLLOUT STOPPED at {HOST}" in text["failed gate"]
     assert "SIMULATOR fault generate_500" in text["failed gate"]
-    for run in ("--check --diff", "A/B"):
+    assert "check mode: would take out aux" in text["--check --diff"]  # the -e key changes aux's release
+    for run in ("whole run after it", "--check --diff", "A/B"):
         assert re.search(rf"^{HOST} +: ok=\d+ +changed=\d+ +unreachable=0 +failed=0 ", text[run], re.M), run
 
 
