@@ -53,13 +53,17 @@ def state(label: str) -> dict:
     return json.loads((EPHEMERAL / f"state-{label}.json").read_text())
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as answer:
+def get_json(url: str, key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
         return json.load(answer)
 
 
 def server_info() -> dict:
-    return get_json(f"{URL}/get_server_info")
+    # main serves with its own api key (inventory/group_vars/sglang_hosts/scenario.yml); the side
+    # effect wrote the scenario's keys to secret-keys.json.
+    key = json.loads((EPHEMERAL / "secret-keys.json").read_text())["instance"]
+    return get_json(f"{URL}/get_server_info", key)
 
 
 def journal(host) -> str:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +23,10 @@ from pathlib import Path
 
 import pytest
 import testinfra.utils.ansible_runner
+
+# The secrets search, shared by the scenarios' verify files.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resources"))
+import secret_search
 
 inventory = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
@@ -571,39 +575,20 @@ def test_change_restarts_only_main_then_rollback_restores_it(host):
 
 
 # --- every key, in every file (issue 24): last, after the side effect and verify's own runs --------
-JOURNAL_DIRS = ("/var/log/journal/", "/run/log/journal/")
-
-
-def secrets_file(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return name in ("secrets", "secrets.yaml") or name.endswith(".secrets.yaml")
-
-
 def test_no_key_in_any_file_but_its_secrets_files(host):
     """The scenario's keys (-e, group_vars, per instance, the side effect's) searched in every file of the
     host (a whole-filesystem grep, /proc, /sys and /dev left out) and in what the runs wrote on the
     controller (the scenario's ephemeral directory: inventory, reports): only secrets files hold one,
     none readable by other users; the journal holds the keys SGLang (here: the simulator, and the side
     effect's ExecStartPre) logs, readable by root and the systemd-journal group only: on systemd 252 no
-    LogFilterPatterns= (roles/sglang_service/README.md, "Where secrets live")."""
+    LogFilterPatterns= (roles/sglang_service/README.md, "Where secrets live").
+    The search: molecule/resources/secret_search.py, shared with molecule/ab_benchmark."""
     keys = sorted(set(KEYS.values()) | set(side_effect_record()["keys"]))
-    patterns = " ".join(f"-e {shlex.quote(k)}" for k in keys)
-    found = host.run(f"grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev {patterns} / 2>/dev/null")
-    assert found.rc in (0, 1), found.stderr
-    paths = found.stdout.split()
-    assert any(p == "/etc/sglang/main.secrets.yaml" for p in paths), paths  # the search finds what is there
-    wrong = []
-    for path in paths:
-        mode, owner, group = host.check_output("stat -c '%%a %%U %%G' %s", path).split()
-        other_can_read = int(mode, 8) & 0o004
-        if path.startswith(JOURNAL_DIRS):
-            ok = owner == "root" and group in ("root", "systemd-journal", "adm") and not other_can_read
-        else:
-            ok = secrets_file(path) and not other_can_read and (owner == "root" or path.startswith("/run/credentials/"))
-        if not ok:
-            wrong.append(f"{path} ({mode} {owner}:{group})")
-    assert not wrong, "a key in files other than its secrets files: " + ", ".join(wrong)
+    hits = secret_search.host_hits(host, keys)
+    paths = [hit.path for hit in hits]
+    assert "/etc/sglang/main.secrets.yaml" in paths, paths  # the search finds what is there
+    wrong = secret_search.misplaced(hits)
+    assert not wrong, "a key in files other than its secrets files: " + ", ".join(map(str, wrong))
     controller = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
-    leaked = [str(p) for p in controller.rglob("*") if p.is_file() and p.name != "side_effect.json"
-              and any(k in p.read_text(errors="replace") for k in keys)]
+    leaked = secret_search.controller_hits([controller], keys, skip=[controller / "side_effect.json"])
     assert not leaked, leaked
