@@ -2,7 +2,7 @@
 
     python basic_auth_index.py ADDRESS WHEEL_DIR LOG   (stdin: USER, then PASSWORD, one a line)
 
-Serves PEP 503's simple API from the wheels in WHEEL_DIR (``/simple/<name>/`` lists them, ``/files/<wheel>``
+Serves PEP 503's simple API from the wheels in WHEEL_DIR (``/idx/<name>/`` lists them, ``/files/<wheel>``
 serves one) to a request whose Authorization header is ``Basic base64(USER:PASSWORD)``; anything else
 gets 401 with a challenge. Binds ADDRESS on a free port, prints the port on its first line, and appends
 ``<status> <path>`` per request to LOG (never a header). The account comes on stdin, so that no
@@ -48,7 +48,7 @@ def main(address: str, wheel_dir: str, log: str) -> None:
                 self.answer(401)
                 return
             parts = [part for part in self.path.split("?")[0].split("/") if part]
-            if len(parts) == 2 and parts[0] == "simple":
+            if len(parts) == 2 and parts[0] == "idx":
                 links = [f'<a href="/files/{name}">{name}</a>' for name in sorted(wheels)
                          if canonical(name.split("-")[0]) == canonical(parts[1])]
                 if links:

@@ -77,12 +77,12 @@ def role_vars(root: Path, indexes: dict, password_a: str = "p%40ss-Idx-7Qw") -> 
         "sglang_venv_manage_os_packages": False,
         "sglang_venv_package_set": "cred-test",
         "sglang_venv_sglang_version": "0.0.1",
-        "sglang_venv_index_url": f"http://bob:{password_a}@127.0.0.61:{port_a}/simple/",
+        "sglang_venv_index_url": f"http://bob:{password_a}@127.0.0.61:{port_a}/idx/",
         "sglang_venv_package_sets": {"cred-test": {
             "steps": [
                 {"name": "sglang from the first index", "packages": ["sglang==0.0.1"], "no_deps": True},
                 {"name": "an extra from the second index", "packages": ["hfcred-extra==0.0.1"], "no_deps": True,
-                 "extra_index_url": f"http://carol:{PASSWORD_B}@127.0.0.62:{port_b}/simple/"},
+                 "extra_index_url": f"http://carol:{PASSWORD_B}@127.0.0.62:{port_b}/idx/"},
             ],
             "verify_imports": ["hfcred_extra"],
             "check": {"torch_build": "any"},
@@ -147,8 +147,8 @@ def test_the_install_gets_the_credentials_from_a_netrc_file_and_never_on_a_comma
     # No process held a password; -vvv printed none; pip's argv names the indexes without them.
     assert watcher.seen == []
     assert printed(output) == []
-    assert f"http://127.0.0.61:{indexes['127.0.0.61']['port']}/simple/" in output
-    assert f"--extra-index-url=http://127.0.0.62:{indexes['127.0.0.62']['port']}/simple/" in output
+    assert f"http://127.0.0.61:{indexes['127.0.0.61']['port']}/idx/" in output
+    assert f"--extra-index-url=http://127.0.0.62:{indexes['127.0.0.62']['port']}/idx/" in output
     # The release is complete and current; no file left readable by others holds a password, and
     # the netrc file's directory is gone.
     release = (root / "current").resolve()
@@ -213,7 +213,7 @@ def test_the_wheelhouse_playbook_downloads_with_the_credentials_from_a_netrc_fil
     assert watcher.seen == []
     assert printed(run.stdout + run.stderr) == []
     record = (out / "wheelhouse.json").read_text()
-    assert f"http://127.0.0.61:{indexes['127.0.0.61']['port']}/simple/" in record
+    assert f"http://127.0.0.61:{indexes['127.0.0.61']['port']}/idx/" in record
     assert not [secret for secret in SECRETS if secret in record]
     assert readable_by_others_holding_a_secret(out) == []
     assert netrc_dirs() - before == set()

@@ -119,10 +119,10 @@ def test_make_lock_gives_uv_the_mirror_credentials_in_a_netrc_file(uv, tmp_path,
     watcher = Watcher(LOCK_SECRETS)
     try:
         # Everything uv asks for goes to the local index (its default index too), never elsewhere.
-        monkeypatch.setenv("UV_DEFAULT_INDEX", f"http://127.0.0.64:{port}/simple/")
+        monkeypatch.setenv("UV_DEFAULT_INDEX", f"http://127.0.0.64:{port}/idx/")
         monkeypatch.setenv("TMPDIR", str(tmp_path))
         spec = {"steps": [{"packages": ["hfcred-torch==0.0.1"], "no_deps": False}],
-                "lock": {"torch_find_links": f"http://dave:{LOCK_SECRETS[1]}@127.0.0.64:{port}/simple/hfcred-torch/",
+                "lock": {"torch_find_links": f"http://dave:{LOCK_SECRETS[1]}@127.0.0.64:{port}/idx/hfcred-torch/",
                          "torch_packages": ["hfcred-torch"], "exclude": []}}
         watcher.start()
         text, summary = locks.lock_set(uv, "cred-test", spec)
@@ -132,7 +132,7 @@ def test_make_lock_gives_uv_the_mirror_credentials_in_a_netrc_file(uv, tmp_path,
         stop_by_pid(proc)
     assert "200 /files/hfcred_torch-0.0.1-py3-none-any.whl" in (tmp_path / "index.log").read_text()
     assert "hfcred-torch==0.0.1" in locks.parse_lock(text)["hfcred-torch"]["block"][0]
-    assert f"# torch backend: http://127.0.0.64:{port}/simple/hfcred-torch/;" in text
+    assert f"# torch backend: http://127.0.0.64:{port}/idx/hfcred-torch/;" in text
     assert "# incomplete" not in text
     for secret in (*LOCK_SECRETS, "dave"):
         assert secret not in text + summary

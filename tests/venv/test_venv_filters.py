@@ -248,8 +248,8 @@ def test_index_auth_writes_a_netrc_that_python_reads_with_decoded_passwords(tmp_
 
     steps = F.normalize_steps([
         {"name": "torch", "packages": ["torch"], "index_url": "https://bob:p%40ss%20%22q%5C@127.0.0.7:8443/rocm"},
-        {"name": "rest", "packages": ["x"], "extra_index_url": ["https://tok-only@127.0.0.8/simple",
-                                                                 "https://127.0.0.9/simple"]},
+        {"name": "rest", "packages": ["x"], "extra_index_url": ["https://tok-only@127.0.0.8/idx",
+                                                                 "https://127.0.0.9/idx"]},
     ], [], False)
     auth = F.index_auth(steps, "https://bob:p%40ss%20%22q%5C@127.0.0.7:8443/other", [], "s")
     assert auth["errors"] == []
@@ -261,7 +261,7 @@ def test_index_auth_writes_a_netrc_that_python_reads_with_decoded_passwords(tmp_
     assert parsed.authenticators("127.0.0.9") is None
     # What pip's argv and the records hold instead.
     assert [s["index_url"] for s in F.steps_public(steps)] == ["https://127.0.0.7:8443/rocm", ""]
-    assert F.steps_public(steps)[1]["extra_index_url"] == ["https://127.0.0.8/simple", "https://127.0.0.9/simple"]
+    assert F.steps_public(steps)[1]["extra_index_url"] == ["https://127.0.0.8/idx", "https://127.0.0.9/idx"]
     assert F.index_auth(F.normalize_steps([{"packages": ["x"]}], [], False), "", [], "s") == {
         "netrc": "", "hosts": [], "errors": []}
 
@@ -269,7 +269,7 @@ def test_index_auth_writes_a_netrc_that_python_reads_with_decoded_passwords(tmp_
 def test_index_auth_refuses_what_a_netrc_cannot_hold_naming_the_variable_not_the_password():
     steps = F.normalize_steps([{"name": "torch", "packages": ["torch"], "index_url": "https://bob:pw-B@127.0.0.7/r"}],
                               [], False)
-    auth = F.index_auth(steps, "https://bob:pw-A@127.0.0.7/simple", ["https://al:p/ss@127.0.0.6/x"], "rocm-gfx1100")
+    auth = F.index_auth(steps, "https://bob:pw-A@127.0.0.7/idx", ["https://al:p/ss@127.0.0.6/x"], "rocm-gfx1100")
     assert auth["errors"] == [
         "sglang_venv_extra_index_urls[0] has an '@' after its host part: percent-encode the user and password "
         "(%40 for @, %2F for /, %3A for :)",
