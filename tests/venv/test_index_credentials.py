@@ -95,7 +95,7 @@ def play(work: Path, variables: dict, *args: str) -> subprocess.CompletedProcess
     (work / "vars.json").write_text(json.dumps(variables))  # -e @file: the password on no command line
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-               ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FACT_CACHING="memory", ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1",
                PIP_CONFIG_FILE=os.devnull)  # this machine's pip.conf names no index of the test's
     return subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-vvv", "-i", "localhost,", str(work / "play.yml"),
@@ -194,7 +194,7 @@ def test_the_wheelhouse_playbook_downloads_with_the_credentials_from_a_netrc_fil
                  "sglang_venv_wheelhouse_out": str(out), "sglang_venv_wheelhouse_python_version": "3.11"}
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1",
+    env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory", ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1",
                PIP_CONFIG_FILE=os.devnull)
     before = netrc_dirs()
     watcher = Watcher(SECRETS)
