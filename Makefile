@@ -73,18 +73,18 @@ lock: setup ## lock files of the sglang_venv package sets (uv; roles/sglang_venv
 # by default: nothing runs it unless an operator starts it. Java 17 is Debian's openjdk-17.
 EDA_VENV := .cache/eda-venv
 
-$(EDA_VENV)/.installed: requirements/eda.txt
+$(EDA_VENV)/.installed: extensions/eda/requirements.txt
 	$(PYTHON) -m venv $(EDA_VENV)
-	$(EDA_VENV)/bin/pip install --quiet --no-deps -r requirements/eda.txt
+	$(EDA_VENV)/bin/pip install --quiet --no-deps -r extensions/eda/requirements.txt
 	touch $@
 
-eda: $(EDA_VENV)/.installed ## ansible-rulebook (pinned, requirements/eda.txt) in .cache/eda-venv, for the rollback rulebook
+eda: $(EDA_VENV)/.installed ## ansible-rulebook (pinned, extensions/eda/requirements.txt) in .cache/eda-venv, for the rollback rulebook
 	@$(EDA_VENV)/bin/ansible-rulebook --version
 
-eda-lock: setup ## re-resolve requirements/eda.txt from requirements/eda.in (uv)
-	@{ sed -n 1,2p requirements/eda.txt; $(BIN)/uv pip compile requirements/eda.in --python-version 3.11 \
-	  --python-platform x86_64-manylinux_2_28 --no-header --quiet; } > requirements/eda.txt.new
-	mv requirements/eda.txt.new requirements/eda.txt
+eda-lock: setup ## re-resolve extensions/eda/requirements.txt from extensions/eda/requirements.in (uv)
+	@{ sed -n 1,2p extensions/eda/requirements.txt; $(BIN)/uv pip compile extensions/eda/requirements.in --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-header --quiet; } > extensions/eda/requirements.txt.new
+	mv extensions/eda/requirements.txt.new extensions/eda/requirements.txt
 
 bench: setup ## benchmarks that print figures (not tests) and record them in docs/benchmarks.md
 	@for b in $(filter-out benchmarks/record.py,$(wildcard benchmarks/*.py)); do echo "== $$b"; $(BIN)/python $$b --record; done
