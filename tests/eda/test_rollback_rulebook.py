@@ -252,8 +252,8 @@ def test_the_rollback_playbook_refuses_before_anything_is_read_or_locked(tmp_pat
 
 def test_a_host_on_its_validated_release_is_reported_unchanged_under_the_run_lock(tmp_path):
     inventory, reports, extra = fleet(tmp_path)
-    run = playbook(tmp_path, inventory, "-e", extra, "-e", "rollback_host=node-2",
-                   "-e", "rollback_reason=SGLangTTFTRegressed firing on node-2/main")
+    run = playbook(tmp_path, inventory, "-e", extra, "-e", json.dumps(
+        {"rollback_host": "node-2", "rollback_reason": "SGLangTTFTRegressed firing on node-2/main"}))
     assert run.returncode == 0, run.stdout[-4000:]
     assert "every instance serves its last validated release already: nothing to roll back" in flat(run.stdout)
     (run_dir,) = run_dirs(reports)
