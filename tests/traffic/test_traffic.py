@@ -120,10 +120,10 @@ def model_dir(tmp_path):
 def sims(tmp_path, model_dir):
     started = []
 
-    def start(n: int = 1):
-        for _ in range(n):
-            started.append(start_sim(tmp_path, model_dir, SMALL_HICACHE_ARGS, SMALL_ENV))
-        return started
+    def start(n: int = 1, env: dict[str, str] | None = None):
+        new = [start_sim(tmp_path, model_dir, SMALL_HICACHE_ARGS, {**SMALL_ENV, **(env or {})}) for _ in range(n)]
+        started.extend(new)
+        return new
 
     yield start
     for sim in started:
@@ -171,7 +171,7 @@ def test_count_and_time_are_bounded(args, message):
     assert message in result.stderr
 
 
-def test_a_child_that_ignores_sigterm_is_killed_with_its_group_at_the_bound(tmp_path):
+def test_a_child_that_ignores_sigterm_is_killed_with_its_group_at_the_bound(tmp_path, request):
     """A stand-in client (it ignores SIGTERM and starts a grandchild) shows the bound on its own."""
     pids = tmp_path / "pids"
     fake = tmp_path / "fake-python"
@@ -183,6 +183,7 @@ def test_a_child_that_ignores_sigterm_is_killed_with_its_group_at_the_bound(tmp_
     fake.chmod(0o755)
     rc, summary, wall = run_traffic(tmp_path, "--target", "http://127.0.0.1:1", "--timeout", "2", python=str(fake))
     run = summary["targets"][0]
+    request.addfinalizer(lambda: [os.kill(int(m.split()[0]), signal.SIGKILL) for m in group_members(run["child_pid"])])
     assert rc == 1
     assert summary["timed_out"]
     assert run["timed_out"]
@@ -238,6 +239,45 @@ def test_repeated_prefixes_reach_the_simulator_and_come_back_from_both_tiers(tmp
     # Seven of eight prompts share a prefix read before them (whole 128-token blocks of 3,072).
     assert run["cached_tokens"]["total"] >= 6 * 3072
     assert {s["module"] for s in run["stand_ins"]} <= {"sglang.srt.disaggregation.utils", "datasets"}
+
+
+def test_the_summary_counts_from_the_last_line_of_bench_servings_output(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    old = {"completed": 9, "errors": [], "ttfts": []}
+    new = {"completed": 3, "errors": ["", "HTTP 500", "", ""], "ttfts": [0.01, 0.5, 0.02, 0.03],
+           "median_ttft_ms": 20.0, "p95_ttft_ms": 29.0, "total_input_tokens": 12,
+           "cache_report": {"total_cached_tokens": 7, "device_cached_tokens": 5, "host_cached_tokens": 2}}
+    out.write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+    summary = traffic.summarize_output(out, sent=5)  # one request never came back at all
+    assert (summary["completed"], summary["failed"]) == (3, 2)
+    assert summary["errors"] == ["HTTP 500"]
+    assert summary["ttft_ms"]["p50"] == 20.0
+    assert summary["ttft_ms"]["p95_recomputed"] == pytest.approx(29.0)  # the failed request's TTFT left out
+    assert summary["cached_tokens"]["device"] == 5
+    assert summary["cached_tokens"]["host"] == 2
+    assert traffic.summarize_output(tmp_path / "none.jsonl", sent=5)["failed"] == 5
+
+
+@needs_client
+def test_targets_run_one_after_the_other_and_a_failing_one_is_counted_failed(tmp_path, sims):
+    """A healthy simulator, then one whose generate routes answer 500 (bench_serving itself then ends
+    with an error and writes no output file: every request it was to send counts as failed)."""
+    (healthy,) = sims(1)
+    (broken,) = sims(1, {"SGLANG_SIM_FAULT": "generate_500"})
+    rc, summary, _ = run_traffic(tmp_path, "--target", healthy.base, "--target", broken.base, "--groups", "1",
+                                 "--prompts-per-group", "4", "--prefix-len", "1024", "--question-len", "32",
+                                 "--output-len", "4", "--request-rate", "50", "--warmup-requests", "0",
+                                 "--timeout", "120")
+    ok, bad = summary["targets"]
+    assert rc == 1
+    assert (ok["sent"], ok["completed"], ok["failed"], ok["child_rc"]) == (4, 4, 0, 0)
+    assert (bad["sent"], bad["completed"], bad["failed"]) == (4, 0, 4)
+    assert bad["child_rc"] != 0
+    assert bad["result_file"] is None
+    assert bad["log_tail"]
+    assert (summary["sent"], summary["completed"], summary["failed"]) == (8, 4, 4)
+    assert metrics(healthy)["sglang:num_requests_total"] == 4
+    assert metrics(broken).get("sglang:num_requests_total", 0) == 0
 
 
 @needs_client
