@@ -281,6 +281,49 @@ def test_targets_run_one_after_the_other_and_a_failing_one_is_counted_failed(tmp
 
 
 @needs_client
+def test_the_traffic_shows_the_degrade_under_traffic_fault(tmp_path, sims):
+    """The simulator fault a single probe misses (degrade_under_traffic: slower after N requests) shows
+    in the traffic's TTFT: same workload, a healthy and a degrading simulator, time scale 0.01."""
+    slow = {"SGLANG_SIM_TIME_SCALE": "0.01"}
+    (healthy,) = sims(1, slow)
+    (degrading,) = sims(1, {**slow, "SGLANG_SIM_FAULT": "degrade_under_traffic", "SGLANG_SIM_DEGRADE_AFTER": "2"})
+    rc, summary, _ = run_traffic(tmp_path, "--target", healthy.base, "--target", degrading.base, *WORKLOAD,
+                                 "--timeout", "120")
+    assert rc == 0
+    ok, bad = summary["targets"]
+    assert ok["completed"] == bad["completed"] == 8
+    # Cached prefixes: a few ms healthy; degraded, even a cached prompt pays 45 % of a cold prefill (~21 ms).
+    assert bad["ttft_ms"]["p50"] > 3 * ok["ttft_ms"]["p50"], (ok["ttft_ms"], bad["ttft_ms"])
+
+
+@needs_client
+def test_an_api_key_goes_by_environment_and_never_into_argv_or_the_summary(tmp_path, model_dir):
+    key = "traffic-Key-7q"
+    sim = start_sim(tmp_path, model_dir, [*SMALL_HICACHE_ARGS, "--api-key", key], SMALL_ENV)
+    try:
+        env = {**os.environ, "SIM_KEY": key}
+        out = tmp_path / "summary.json"
+        cmd = [sys.executable, str(SCRIPT), "--python", CLIENT, "--target", sim.base, "--groups", "1",
+               "--prompts-per-group", "2", "--prefix-len", "512", "--question-len", "16", "--output-len", "2",
+               "--request-rate", "50", "--work-dir", str(tmp_path / "work"), "--output", str(out), "--timeout", "90"]
+        # Without the key: 401s (bench_serving waits for /v1/models to answer 200 until the bound).
+        without = subprocess.run([*cmd, "--timeout", "4"], capture_output=True, text=True, env=env, check=False,
+                                 timeout=60)
+        assert without.returncode == 1
+        assert json.loads(out.read_text())["completed"] == 0
+        with_key = subprocess.run([*cmd, "--api-key-env", "SIM_KEY"], capture_output=True, text=True, env=env,
+                                  check=False, timeout=120)
+        assert with_key.returncode == 0, with_key.stdout
+        summary = json.loads(out.read_text())
+        assert summary["completed"] == 2
+        assert key not in out.read_text()
+        assert key not in " ".join(cmd)
+        assert metrics(sim)["sglang:num_requests_total"] == 2 + 1
+    finally:
+        stop_by_pid(sim.proc)
+
+
+@needs_client
 @pytest.mark.skipif(not ROUTER_PYTHON.exists(), reason="no sglang-router venv in .cache (molecule prepares it)")
 def test_through_the_real_router_every_request_reaches_a_simulator(tmp_path, sims):
     workers = sims(2)
