@@ -46,7 +46,12 @@ def _client_python() -> tuple[str | None, str]:
 
 
 CLIENT, NO_CLIENT = _client_python()
-needs_client = pytest.mark.skipif(CLIENT is None, reason=NO_CLIENT)
+
+
+def needs_client(test):
+    """A test that runs the client venv: make test runs it once molecule's shared step built it."""
+    return pytest.mark.shared_state(pytest.mark.skipif(CLIENT is None, reason=NO_CLIENT)(test))
+
 
 # Two prefixes of 3,072 tokens and a device pool of 4,096 (SMALL_ENV): the second prefix evicts the
 # first from the device, which then comes back from the HiCache host tier (2 x 4,096 tokens).
@@ -195,6 +200,7 @@ def test_a_child_that_ignores_sigterm_is_killed_with_its_group_at_the_bound(tmp_
     assert summary["failed"] == summary["sent"] == 8 * 2
 
 
+@pytest.mark.shared_state
 def test_the_tokenizer_written_for_the_simulator_loads_in_the_client(tmp_path):
     path = traffic.write_tokenizer(tmp_path / "tok", vocab_size=500)
     data = json.loads((path / "tokenizer.json").read_text())
