@@ -186,7 +186,7 @@ def bake_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{_ms(figures.get('ttft_p50_ms'))} / {_ms(figures.get('ttft_p95_ms'))} | "
             f"{_ms(row.get('cold_ttft_ms'))} / {_ms(row.get('warm_ttft_ms'))} | {_ms(others.get('ttft_p95_ms'))} | "
             f"{md(_shares(figures.get('tier_share')), True)} | {errors} | {figures.get('restarts', '–')} | "
-            f"{float(figures.get('requests') or 0):g} | {'–' if window is None else f'{window} s'} | "
+            f"{float(figures.get('requests') or 0):.0f} | {'–' if window is None else f'{window} s'} | "
             f"{md(bake.get('no_traffic') or '–', True)} |"
         )
         notes += [f"- **{md(row['host'])}**: {md(reason)}" for reason in bake.get("reasons") or []]
