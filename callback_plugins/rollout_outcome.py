@@ -85,12 +85,15 @@ def scrub(text, secrets: list[str]) -> str:
 
 
 def notify_status(verdict: str, report: dict) -> str:
-    """One word for the verdict: passed, rolled back (a host failed its gate and was put back),
-    halted (failed or unreachable, not rolled back), paused (rollout_pause_after), check mode, in
-    progress, no host reported."""
+    """One word for the verdict: passed, rolled back (a host failed its gate or its bake and was put
+    back), halted (failed or unreachable, not rolled back), bake inconclusive (the bake could not
+    judge a batch and rollout_bake_no_traffic=hold held the run), paused (rollout_pause_after), check
+    mode, in progress, no host reported."""
     records = [*(report.get("hosts") or []), *(report.get("unreported") or [])]
     if verdict.startswith("halted"):
         return "rolled back" if any(r.get("verdict") == "rolled back" for r in records) else "halted"
+    if verdict.startswith("held"):
+        return "bake inconclusive"
     for word in ("paused", "check mode", "in progress", "no host reported", "report failed"):
         if verdict.startswith(word):
             return word

@@ -52,7 +52,8 @@ options:
       - C(scratch) writes the candidate into O(instances[].staging_dir) for the checks of the
         release (SGLang's parser, C(systemd-analyze)); nothing runs from there, so it always runs,
         in check mode too, and is never a change. An instance without keys has no scratch
-        secrets file (an old one is removed).
+        secrets file (an old one is removed). It also reads, for the checks, what each instance's
+        C(current) link resolves to (RV(current)) and whether O(python) can run (RV(python)).
       - C(staged) keeps the candidate as a release directory and compares it with the live files.
       - C(active) installs the staged release (see the description).
       - C(prune) removes the old releases, their JIT caches and the unused L3 directories (see the description).
@@ -204,6 +205,9 @@ options:
   l3_dir:
     description: With O(state=prune), the L3 tier's directory (C(<l3_dir>/<name>/<identity id>)).
     type: path
+  python:
+    description: With O(state=scratch), the interpreter the checks will run (RV(python) says whether it can).
+    type: path
   service_group:
     description:
       - >-
@@ -327,6 +331,19 @@ kept_releases:
   type: list
   elements: dict
   sample: [{name: main, config_hash: 0123456789ab, venv: /opt/sglang/venvs/0.5.23, model_paths: [/srv/models/main]}]
+current:
+  description:
+    - >-
+      With O(state=scratch), per instance the real path its C(<state_dir>/current) link resolves to, or
+      an empty string when it has none (the release it runs now).
+  returned: with O(state=scratch)
+  type: dict
+  sample: {main: /var/lib/sglang/main/releases/0123456789ab}
+python:
+  description: With O(state=scratch) and O(python), C(path), C(exists) and C(executable) (symlinks followed).
+  returned: with O(state=scratch) and O(python)
+  type: dict
+  sample: {path: /opt/sglang/current/bin/python, exists: true, executable: true}
 written:
   description:
     - The release directory and files created or rewritten (in check mode, that would be).
@@ -346,7 +363,9 @@ from ansible.module_utils.sglang_service_release import (
     PruneRefused,
     RollbackRefused,
     activate,
+    current_releases,
     dropins,
+    interpreter,
     prune,
     rollback_secrets,
     scratch,
@@ -376,7 +395,7 @@ INSTANCE_OPTIONS = {
 # Every state but prune works on an instance's live files and its candidate release.
 LIVE = ("unit_path", "env_path", "secrets_path", "release_dir", "unit")
 NEEDED = {
-    "scratch": (*LIVE, "staging_dir", "check_argv_json", "unit_name"),
+    "scratch": (*LIVE, "staging_dir", "check_argv_json", "unit_name", "state_dir"),
     "staged": (*LIVE, "argv_json", "release_json"),
     "active": (*LIVE, "state_dir", "releases_dir", "unit_name", "bind", "port"),
     "rollback_secrets": LIVE,
@@ -400,6 +419,7 @@ def main():
             "keep": {"type": "int"},
             "protect": {"type": "list", "elements": "str", "default": []},
             "l3_dir": {"type": "path"},
+            "python": {"type": "path"},
         },
         required_if=[("state", "prune", ("keep", "l3_dir"))],
         supports_check_mode=True,
@@ -431,7 +451,10 @@ def main():
         elif state == "dropins":
             result = dropins(module.params["instances"], module.params["remove"], module.check_mode)
         elif state == "scratch":
-            result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False}
+            result = {"written": scratch(module.params["instances"], env, secrets, owner), "changed": False,
+                      "current": current_releases(module.params["instances"])}
+            if module.params["python"]:
+                result["python"] = interpreter(module.params["python"])
         elif state == "rollback_secrets":
             result = rollback_secrets(module.params["instances"], secrets, module.check_mode, owner, gid)
         elif state == "staged":

@@ -313,6 +313,22 @@ def scratch(instances, env, secrets, owner=None):
     return written
 
 
+def current_releases(instances):
+    """What each instance's `current` link resolves to ('' without one), as the stat module's
+    lnk_source says it (the real path): verify compares it with the candidate's release directory."""
+    found = {}
+    for instance in instances:
+        link = os.path.join(instance["state_dir"], "current")
+        found[instance["name"]] = os.path.realpath(link) if os.path.islink(link) else ""
+    return found
+
+
+def interpreter(path):
+    """Whether the interpreter at `path` exists and this user may run it (symlinks followed)."""
+    exists = os.path.exists(path)
+    return {"path": path, "exists": exists, "executable": exists and os.path.isfile(path) and os.access(path, os.X_OK)}
+
+
 # --- rollback: the keys stay those of the inventory now --------------------------------------------
 
 

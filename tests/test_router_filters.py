@@ -69,6 +69,7 @@ def test_router_worker_changes():
 ROUTER_PYTHON = ROOT / ".cache" / "sglang-router-venv" / "bin" / "python"
 
 
+@pytest.mark.shared_state
 @pytest.mark.skipif(not ROUTER_PYTHON.exists(), reason="no sglang-router venv in .cache (molecule prepares it)")
 def test_launcher_checks_with_the_real_router_parser(tmp_path):
     launch = ROOT / "roles" / "router" / "files" / "launch.py"

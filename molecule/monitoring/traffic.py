@@ -8,6 +8,7 @@ document comes back from the host tier, on a host whose host tier is silently of
 
     traffic.py --target URL [--target URL ...] [--router URL] --prometheus URL --expect-firing INSTANCE
                [--timeout S] [--out FILE]
+    traffic.py --router-only --router URL --until-file PATH [--concurrency N] [--timeout S] [--out FILE]
 
 Runs until the alert HiCacheHostTierStopped fires for every --expect-firing instance (host:port)
 or --timeout seconds passed; bounded either way. Prints and writes a JSON summary: per alert state
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import urllib.request
 
@@ -36,11 +38,57 @@ def get(url: str, timeout: float = 10.0) -> dict:
         return json.loads(resp.read())
 
 
+def router_traffic(args) -> None:
+    """--router-only: traffic through the router alone, as users send it (the bake's live traffic:
+    molecule/monitoring/side_effect.yml). Every other request repeats one of --docs documents
+    after the shared system prompt (served from cache), the others are fresh documents (random
+    token ids: a cold prefill), from --concurrency clients, until --until-file exists or --timeout.
+    A host out of the router's rotation (restarting, probed) gets none of it."""
+    import random
+    import threading
+
+    system = list(range(1, args.system_tokens + 1))
+    docs = [list(range(10_000 + d * 20_000, 10_000 + d * 20_000 + args.doc_tokens)) for d in range(args.docs)]
+    counts = {"requests": 0, "errors": 0}
+    lock = threading.Lock()
+    start = time.monotonic()
+
+    def client(seed: int) -> None:
+        rng = random.Random(seed)
+        n = 0
+        while time.monotonic() - start < args.timeout and not os.path.exists(args.until_file):
+            doc = docs[(n // 2) % len(docs)] if n % 2 == 0 else [rng.randint(300, 200_000)
+                                                                 for _ in range(args.doc_tokens)]
+            n += 1
+            try:
+                post(f"{args.router}/generate", {"input_ids": system + doc, "sampling_params": {"max_new_tokens": 1}})
+                key = "requests"
+            except OSError:
+                key = "errors"
+                time.sleep(0.5)
+            with lock:
+                counts[key] += 1
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    summary = {"seconds": round(time.monotonic() - start, 1), **counts}
+    print(json.dumps(summary, sort_keys=True))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--target", action="append", required=True)
+    ap.add_argument("--target", action="append", default=[])
+    ap.add_argument("--router-only", action="store_true")
+    ap.add_argument("--concurrency", type=int, default=3)
+    ap.add_argument("--until-file", default="")
     ap.add_argument("--router", default="")
-    ap.add_argument("--prometheus", required=True)
+    ap.add_argument("--prometheus", default="")
     ap.add_argument("--expect-firing", action="append", default=[])
     ap.add_argument("--system-tokens", type=int, default=1024)
     ap.add_argument("--doc-tokens", type=int, default=6000)
@@ -48,6 +96,13 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.router_only:
+        if not args.router or not args.until_file:
+            ap.error("--router-only needs --router and --until-file")
+        router_traffic(args)
+        return
+    if not args.target or not args.prometheus:
+        ap.error("--target and --prometheus are required (or --router-only)")
 
     system = list(range(1, args.system_tokens + 1))
     docs = [list(range(10_000 + d * 20_000, 10_000 + d * 20_000 + args.doc_tokens)) for d in range(args.docs)]

@@ -34,6 +34,7 @@ STANDIN = Path(__file__).with_name("alertmanager_standin.py")
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.shared_state,
     pytest.mark.skipif(not (EDA_BIN / "ansible-rulebook").exists(),
                        reason="ansible-rulebook is not installed: `make eda` (.cache/eda-venv, about 10 s)"),
     pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),

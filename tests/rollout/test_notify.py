@@ -432,3 +432,77 @@ def test_a_paused_run_sends_paused_with_the_command(tmp_path, receiver):
     assert message["verdict"] == "paused"
     assert command in message["summary"]
     no_secret_in(rx.bodies[0].decode())
+
+
+def bake(verdict: str, action: str, no_traffic: str = "hold", reasons: list[str] | None = None) -> dict:
+    """A host record's bake (roles/rollout filter rollout_bake_host), as tasks/bake.yml writes it."""
+    return {"verdict": verdict, "batch_verdict": verdict, "action": action, "no_traffic": no_traffic,
+            "window_s": 20, "outcome": verdict, "figures": {"requests": 3.0}, "reasons": reasons or []}
+
+
+def test_a_run_held_by_an_inconclusive_bake_sends_bake_inconclusive(tmp_path, receiver):
+    """Issue 28 item 1: rollout_bake_no_traffic=hold stops the run after the batch it could not judge;
+    the message says "bake inconclusive", names the hosts and the command that continues."""
+    rx = receiver()
+    command = "ansible-playbook -i inventories/test site.yml -e rollout_continue=20261203T000000Z"
+    paused = {"run_id": "20261203T000000Z", "after_batch": 1, "pause_after": "1", "passed": ["h1"],
+              "left": ["h2", "h3"], "releases": {}, "command": command,
+              "bake": {"no_traffic": "hold", "hosts": ["h1"], "msg": "bake inconclusive over 20 s"}}
+    h1 = {**record("h1", 0, "passed"), "bake": bake("inconclusive", "hold")}
+    run_dir, _ = run_once(tmp_path, "held", {"rollout_notify_url": url(rx)}, [h1], paused=paused)
+    assert len(rx.bodies) == 1, rx.bodies
+    message = json.loads(rx.bodies[0])
+    assert message["verdict"] == "bake inconclusive"
+    assert message["summary"].startswith("held after batch 1: bake inconclusive on h1 (rollout_bake_no_traffic=hold")
+    assert command in message["summary"]
+    assert message["hosts"]["passed"] == ["h1"]
+    md = (run_dir / "rollout.md").read_text()
+    assert "| h2 | held: not started |" in md
+
+
+def test_a_host_rolled_back_by_its_bake_sends_rolled_back_with_the_bake_reason(tmp_path, receiver):
+    rx = receiver()
+    reason = "bake failed over 20 s: TTFT p95 1950.0 ms is 10.26x the other hosts' 190.0 ms"
+    h2 = {**record("h2", 1, "rolled back", [reason]), "bake": bake("failed", "rollback", reasons=[reason[23:]])}
+    run_once(tmp_path, "bake rolled back", {"rollout_notify_url": url(rx)}, [record("h1", 0, "passed"), h2])
+    message = json.loads(rx.bodies[0])
+    assert message["verdict"] == "rolled back"
+    assert message["halting_host"] == "h2"
+    assert message["halting_reason"] == reason
+    assert message["summary"] == "halted: h2 failed and was rolled back; not reached: h3"
+
+
+def test_a_bake_passed_by_the_setting_says_so_and_sends_passed(tmp_path, receiver):
+    rx = receiver()
+    h1 = {**record("h1", 0, "passed"), "bake": bake("inconclusive", "continue", "pass")}
+    records = [h1, record("h2", 1, "passed"), record("h3", 2, "unchanged")]
+    run_once(tmp_path, "bake passed by setting", {"rollout_notify_url": url(rx)}, records)
+    message = json.loads(rx.bodies[0])
+    assert message["verdict"] == "passed"
+    assert message["summary"] == ("every host passed or was already validated; bake inconclusive on h1, passed by "
+                                  "rollout_bake_no_traffic=pass")
+
+
+@pytest.mark.parametrize(("extra", "wrong"), [
+    ({"rollout_bake_s": 30, "rollout_prometheus_url": "http://127.0.0.1:9090"}, []),
+    ({"rollout_bake_s": 30}, ["rollout_prometheus_url"]),
+    ({"rollout_bake_s": -1}, ["rollout_bake_s"]),
+    ({"rollout_bake_s": 30, "rollout_prometheus_url": "http://127.0.0.1:9090", "rollout_bake_no_traffic": "warm"},
+     ["rollout_warm_set"]),
+    ({"rollout_bake_s": 30, "rollout_prometheus_url": "http://127.0.0.1:9090",
+      # Named twice: by the argument spec (its suboptions) and by the role's own check (open.yml's too).
+      "rollout_bake_thresholds": {"max_ttft_p99_ratio": 2}}, ["rollout_bake_thresholds.max_ttft_p99_ratio"] * 2),
+])
+def test_preflights_argument_check_names_a_bad_bake_setting(tmp_path, extra, wrong):
+    (tmp_path / "check.yml").write_text(CHECK_PLAYBOOK, encoding="utf-8")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FACT_CACHING="memory")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         str(tmp_path / "check.yml"), "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    errors = json.loads((tmp_path / "errors.json").read_text())
+    assert [name for name in wrong if not any(name in error for error in errors)] == []
+    assert len(errors) == len(wrong), errors

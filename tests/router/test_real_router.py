@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 ROUTER_PYTHON = REPO / ".cache" / "sglang-router-venv" / "bin" / "python"
 KEY = "real-Router-Key-3x"
 
-pytestmark = pytest.mark.skipif(not ROUTER_PYTHON.exists(),
-                                reason="no sglang-router venv in .cache (molecule prepares it)")
+pytestmark = [pytest.mark.shared_state, pytest.mark.skipif(not ROUTER_PYTHON.exists(),
+                                reason="no sglang-router venv in .cache (molecule prepares it)")]
 
 
 class Worker:

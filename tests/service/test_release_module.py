@@ -337,7 +337,8 @@ def test_the_directories_come_in_creation_order_with_their_owners():
 
 def test_scratch_writes_the_candidate_for_the_checks_also_in_check_mode(tmp_path):
     inst = {**_instance(tmp_path), "staging_dir": str(tmp_path / "staging" / "main"),
-            "unit_name": "sglang-main.service", "check_argv_json": '["--config", "x/secrets.yaml"]\n'}
+            "unit_name": "sglang-main.service", "check_argv_json": '["--config", "x/secrets.yaml"]\n',
+            "state_dir": str(tmp_path / "state" / "main")}
     written = release.scratch([inst], {"main": "A=1\n"}, {"main": SECRET})
     staging = Path(inst["staging_dir"])
     assert sorted(p.name for p in staging.iterdir()) == ["argv.json", "main.env", "secrets.yaml", "sglang-main.service"]
@@ -353,6 +354,36 @@ def test_scratch_writes_the_candidate_for_the_checks_also_in_check_mode(tmp_path
     assert out.returncode == 0, out.stdout
     assert "CHANGED" not in out.stdout  # scratch files are never a change
     assert (staging / "sglang-main.service").read_text() == "[Unit]\nchanged\n"  # written in check mode too
+
+
+def test_scratch_reads_the_release_each_instance_runs_and_whether_the_interpreter_runs(tmp_path):
+    """verify.yml's two reads, folded into render's module call: what `current` resolves to (as the
+    stat module's lnk_source, the real path; '' without a link) and whether the python can run."""
+    state = tmp_path / "state"
+    (state / "main" / "releases" / "0123456789ab").mkdir(parents=True)
+    (state / "other").mkdir(parents=True)
+    (state / "main" / "current").symlink_to("releases/0123456789ab")
+    found = release.current_releases([{"name": "main", "state_dir": str(state / "main")},
+                                      {"name": "other", "state_dir": str(state / "other")}])
+    assert found == {"main": str(state / "main" / "releases" / "0123456789ab"), "other": ""}
+    python = tmp_path / "venv" / "bin" / "python"
+    assert release.interpreter(str(python)) == {"path": str(python), "exists": False, "executable": False}
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o644)
+    assert release.interpreter(str(python)) == {"path": str(python), "exists": True, "executable": False}
+    python.chmod(0o755)
+    link = tmp_path / "current-python"
+    link.symlink_to(python)
+    assert release.interpreter(str(link)) == {"path": str(link), "exists": True, "executable": True}
+    python.unlink()
+    assert release.interpreter(str(link))["exists"] is False  # a dangling link: no interpreter
+    inst = {**_instance(tmp_path), "staging_dir": str(tmp_path / "staging" / "main"),
+            "unit_name": "sglang-main.service", "check_argv_json": "[]\n", "state_dir": str(state / "main")}
+    out = _ansible(tmp_path, {"state": "scratch", "instances": [inst], "python": str(link)}, "--check")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"main: {state / 'main' / 'releases' / '0123456789ab'}" in out.stdout, out.stdout
+    assert "executable: false" in out.stdout, out.stdout
 
 
 def test_the_filter_renders_the_parser_argv_as_to_json_did():

@@ -109,6 +109,7 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "warm": record.get("warm") if isinstance(record.get("warm"), dict) else {},
         "restart_hit": probe.get("restart_hit") if isinstance(probe.get("restart_hit"), dict) else {},
         "storage": warm.get("storage") if isinstance(warm.get("storage"), dict) else {},
+        "bake": record.get("bake") if isinstance(record.get("bake"), dict) else {},
     }
 
 
@@ -152,6 +153,46 @@ def warm_lines(rows: list[dict[str, Any]]) -> list[str]:
         return []
     return ["", "## Warm rejoin", "", "| host | instance | tokens sent | cached on send | took | failed files |",
             "|---|---|---|---|---|---|", *lines]
+
+
+def _shares(shares: Any) -> str:
+    if not isinstance(shares, dict) or not shares:
+        return "–"
+    return " / ".join(f"{tier} {_pct(shares.get(tier))}" for tier in ("device", "host", "storage") if tier in shares)
+
+
+def bake_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 28 item 1: per host its bake (live traffic after it rejoined, from the fleet's Prometheus)
+    beside its probe: TTFT p50/p95 live against the probe's cold and warm TTFT and the other hosts'
+    p95, the share of prompt tokens from each tier, errors, restarts, the verdict and what the run did
+    (rolled back, held or passed by rollout_bake_no_traffic), with the reasons."""
+    rows = [row for row in rows if row.get("bake")]
+    if not rows:
+        return []
+    lines = ["", "## Bake (live traffic after the batch rejoined)", "",
+             "| host | bake | live TTFT p50 / p95 | probe cold / warm TTFT | other hosts' p95 | prompt tokens from "
+             "(device / host / storage) | errors | restarts | requests | window | no traffic |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for row in rows:
+        bake = row["bake"]
+        figures = bake.get("figures") or {}
+        others = bake.get("others") or {}
+        rate = figures.get("error_rate")
+        errors = "–" if rate is None else f"{_pct(rate)} ({float(figures.get('aborted_requests') or 0):g})"
+        window = bake.get("window_s")
+        lines.append(
+            f"| {md(row['host'], True)} | {md(bake.get('outcome') or bake.get('verdict') or '?', True)} | "
+            f"{_ms(figures.get('ttft_p50_ms'))} / {_ms(figures.get('ttft_p95_ms'))} | "
+            f"{_ms(row.get('cold_ttft_ms'))} / {_ms(row.get('warm_ttft_ms'))} | {_ms(others.get('ttft_p95_ms'))} | "
+            f"{md(_shares(figures.get('tier_share')), True)} | {errors} | {figures.get('restarts', '–')} | "
+            f"{float(figures.get('requests') or 0):.0f} | {'–' if window is None else f'{window} s'} | "
+            f"{md(bake.get('no_traffic') or '–', True)} |"
+        )
+        notes += [f"- **{md(row['host'])}**: {md(reason)}" for reason in bake.get("reasons") or []]
+        if bake.get("error"):
+            notes.append(f"- **{md(row['host'])}**: Prometheus: {md(bake['error'])}")
+    return lines + (["", *notes] if notes else [])
 
 
 def parity_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -231,6 +272,7 @@ def rollout_markdown(run: dict[str, Any], rows: list[dict[str, Any]], locks: lis
     lines += parity_lines(rows)
     lines += storage_lines(rows)
     lines += warm_lines(rows)
+    lines += bake_lines(rows)
     moves = [row for row in rows if row["router"]]
     if moves:
         lines += ["", "## Router rotation", ""]
@@ -345,8 +387,19 @@ def rollout_outcome(
         if (states.get(r.get("host")) or {}).get("unreachable") and r.get("verdict") not in what
     ]
     left = [h for h in (paused or {}).get("left") or [] if h in not_reached]
+    held = (paused or {}).get("bake") if isinstance((paused or {}).get("bake"), dict) else None
     if run.get("check_mode") in (True, "True", "true"):
         verdict = "check mode: nothing was restarted, probed or validated"
+    elif held and not stops:
+        # The bake could not judge a batch (too little traffic) and rollout_bake_no_traffic=hold.
+        verdict = (
+            f"held after batch {paused.get('after_batch', '?')}: bake inconclusive on "
+            f"{', '.join(map(str, held.get('hosts') or [])) or '?'} "
+            f"(rollout_bake_no_traffic={held.get('no_traffic', 'hold')}: too little traffic to judge)"
+        )
+        if left:
+            verdict += f"; not started: {', '.join(left)}; continue with: {paused.get('command', '?')}"
+        not_reached = [h for h in not_reached if h not in left]
     elif paused and not stops and left:
         verdict = (
             f"paused after batch {paused.get('after_batch', '?')} "
@@ -362,6 +415,13 @@ def rollout_outcome(
         verdict = "in progress: not reached yet: " + ", ".join(not_reached)
     elif records:
         verdict = "every host passed or was already validated"
+        # An inconclusive bake that rollout_bake_no_traffic=pass let through is said, never hidden.
+        passed_by_setting = [r.get("host") for r in records
+                             if isinstance(r.get("bake"), dict) and r["bake"].get("batch_verdict") == "inconclusive"
+                             and r["bake"].get("action") == "continue"]
+        if passed_by_setting:
+            verdict += (f"; bake inconclusive on {', '.join(map(str, passed_by_setting))}, passed by "
+                        "rollout_bake_no_traffic=pass")
     else:
         verdict = "no host reported"
     return verdict, ended, not_reached
@@ -412,13 +472,13 @@ def cmd_rollout(run_dir: Path) -> int:
     run["not_reached"] = not_reached
     run["paused"] = paused
     waiting = [h for h in (paused or {}).get("left") or [] if h not in {r.get("host") for r in [*records, *ended]}
-               and h not in not_reached] if run["verdict"].startswith("paused") else []
+               and h not in not_reached] if run["verdict"].startswith(("paused", "held")) else []
     if (outcome or {}).get("notify"):
         run["notify"] = str(outcome["notify"])
     order = {host: index for index, host in enumerate(run.get("hosts") or [])}
     table = sorted(
         [*records, *ended, *({"host": h, "verdict": "not reached", "probe": {}} for h in not_reached),
-         *({"host": h, "verdict": "paused: not started", "probe": {}} for h in waiting)],
+         *({"host": h, "verdict": f"{run['verdict'].split()[0]}: not started", "probe": {}} for h in waiting)],
         key=lambda r: order.get(r.get("host"), r.get("order", 0)),
     )
     rows = [host_row(r) for r in table]
