@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # fresh-clone run; about 20 minutes of lane time that no cut pays for yet): make molecule SCENARIOS=hicache_sizing.
 SCENARIOS ?= $(filter-out capture hicache_sizing,$(shell ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename))
 
-.PHONY: help setup demo demo-down traffic traffic-venv test lint syntax pytest molecule bench clean lock
+.PHONY: help setup demo demo-down traffic traffic-venv test lint syntax pytest molecule bench clean lock eda eda-lock
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
@@ -103,6 +103,23 @@ traffic: $(VENV)/.installed $(TRAFFIC_VENV)/.installed ## bounded test traffic w
 
 lock: setup ## lock files of the sglang_venv package sets (uv; roles/sglang_venv/files/locks/)
 	$(BIN)/python scripts/lock_package_sets.py lock
+
+# Event-Driven Ansible (docs/event-driven.md): ansible-rulebook in its own venv, never in .venv; off
+# by default: nothing runs it unless an operator starts it. Java 17 is Debian's openjdk-17.
+EDA_VENV := .cache/eda-venv
+
+$(EDA_VENV)/.installed: extensions/eda/requirements.txt
+	$(PYTHON) -m venv $(EDA_VENV)
+	$(EDA_VENV)/bin/pip install --quiet --no-deps -r extensions/eda/requirements.txt
+	touch $@
+
+eda: $(EDA_VENV)/.installed ## ansible-rulebook (pinned, extensions/eda/requirements.txt) in .cache/eda-venv, for the rollback rulebook
+	@$(EDA_VENV)/bin/ansible-rulebook --version
+
+eda-lock: setup ## re-resolve extensions/eda/requirements.txt from extensions/eda/requirements.in (uv)
+	@{ sed -n 1,2p extensions/eda/requirements.txt; $(BIN)/uv pip compile extensions/eda/requirements.in --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-header --quiet; } > extensions/eda/requirements.txt.new
+	mv extensions/eda/requirements.txt.new extensions/eda/requirements.txt
 
 bench: setup ## benchmarks that print figures (not tests) and record them in docs/benchmarks.md
 	@for b in $(filter-out benchmarks/record.py,$(wildcard benchmarks/*.py)); do echo "== $$b"; $(BIN)/python $$b --record; done

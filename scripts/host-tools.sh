@@ -8,6 +8,8 @@ command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
 command -v ssh >/dev/null || missing+=(openssh-client)
 # promtool checks and unit-tests roles/monitoring's rules (tests/monitoring); Debian ships it in prometheus.
 command -v promtool >/dev/null || missing+=(prometheus)
+# ansible-rulebook (make eda, tests/eda: the event-driven rollback's rulebook) runs on Java 17.
+command -v java >/dev/null || [ -n "${JAVA_HOME:-}" ] || missing+=(openjdk-17-jre-headless)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "host-tools: missing ${missing[*]}; install them (Debian/Ubuntu: apt-get install ${missing[*]}) and re-run" >&2

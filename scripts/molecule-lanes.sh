@@ -47,7 +47,7 @@ fi
 
 stamp() { date +%s; }
 t0=$(stamp)
-echo "== shared controller state (base rootfs, SSH key, wheelhouse, fixture models, router venv, traffic venv)"
+echo "== shared controller state (base rootfs, SSH key, wheelhouse, fixture models, router venv, traffic and eda venvs)"
 ./molecule/resources/hosts.sh base || exit 1
 ./molecule/resources/hosts.sh key >/dev/null || exit 1
 ansible-playbook playbooks/demo_prepare.yml >"$logs/demo_prepare.log" 2>&1 || { tail -n 40 "$logs/demo_prepare.log"; exit 1; }
@@ -57,6 +57,8 @@ fi
 # The traffic generator's client venv (scripts/traffic.py: SGLang's bench_serving), from the demo
 # wheelhouse just built; the pytest lane below (tests marked shared_state) runs it.
 make --no-print-directory traffic-venv >"$logs/traffic-venv.log" 2>&1 || { tail -n 20 "$logs/traffic-venv.log"; exit 1; }
+# ansible-rulebook for the event-driven rollback's tests (tests/eda, in the same pytest lane).
+make --no-print-directory eda >"$logs/eda-venv.log" 2>&1 || { tail -n 20 "$logs/eda-venv.log"; exit 1; }
 echo "   ready after $(( $(stamp) - t0 )) s"
 
 needs_image() { grep -q '^ *image: sglang-venv *$' "molecule/$1/molecule.yml" 2>/dev/null; }

@@ -399,15 +399,11 @@ CHECK_PLAYBOOK = """
 """
 
 
-@pytest.mark.parametrize(("extra", "wrong"), [
-    ({}, []),
-    ({"rollout_notify_url": f"https://u:{URL_PASSWORD}@127.0.0.1/x"}, ["rollout_notify_url"]),
-    ({"rollout_notify_url": "https://127.0.0.1/x", "rollout_notify_timeout_s": 0}, ["rollout_notify_timeout_s"]),
-    ({"rollout_notify_format": "teams"}, ["rollout_notify_format"]),
-])
-def test_preflights_argument_check_names_a_bad_notify_setting(tmp_path, extra, wrong):
+def _argument_check(tmp_path, extra):
+    """Preflight's argument check of every role (CHECK_PLAYBOOK) with `extra`: the run and its errors."""
     (tmp_path / "check.yml").write_text(CHECK_PLAYBOOK, encoding="utf-8")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FACT_CACHING="memory")
+    # Facts in memory (ANSIBLE_CACHE_PLUGIN): nothing of this run reaches .cache/facts.
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_CACHE_PLUGIN="memory")
     done = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
          "-e", f"ansible_python_interpreter={sys.executable}",
@@ -415,7 +411,17 @@ def test_preflights_argument_check_names_a_bad_notify_setting(tmp_path, extra, w
         env=env, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-3000:]
-    errors = json.loads((tmp_path / "errors.json").read_text())
+    return done, json.loads((tmp_path / "errors.json").read_text())
+
+
+@pytest.mark.parametrize(("extra", "wrong"), [
+    ({}, []),
+    ({"rollout_notify_url": f"https://u:{URL_PASSWORD}@127.0.0.1/x"}, ["rollout_notify_url"]),
+    ({"rollout_notify_url": "https://127.0.0.1/x", "rollout_notify_timeout_s": 0}, ["rollout_notify_timeout_s"]),
+    ({"rollout_notify_format": "teams"}, ["rollout_notify_format"]),
+])
+def test_preflights_argument_check_names_a_bad_notify_setting(tmp_path, extra, wrong):
+    done, errors = _argument_check(tmp_path, extra)
     assert [name for name in wrong if not any(name in error for error in errors)] == []
     assert len(errors) == len(wrong), errors
     assert URL_PASSWORD not in done.stdout
@@ -494,15 +500,6 @@ def test_a_bake_passed_by_the_setting_says_so_and_sends_passed(tmp_path, receive
       "rollout_bake_thresholds": {"max_ttft_p99_ratio": 2}}, ["rollout_bake_thresholds.max_ttft_p99_ratio"] * 2),
 ])
 def test_preflights_argument_check_names_a_bad_bake_setting(tmp_path, extra, wrong):
-    (tmp_path / "check.yml").write_text(CHECK_PLAYBOOK, encoding="utf-8")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FACT_CACHING="memory")
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}",
-         str(tmp_path / "check.yml"), "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout[-3000:]
-    errors = json.loads((tmp_path / "errors.json").read_text())
+    _, errors = _argument_check(tmp_path, extra)
     assert [name for name in wrong if not any(name in error for error in errors)] == []
     assert len(errors) == len(wrong), errors
