@@ -41,7 +41,7 @@ DPKG = "rocminfo\tii \t5.2.3-2\nrocm-smi\trc \t5.2.3-1\nlibfoo:amd64\tii \t1.0\n
 MADISON = (
     "      rocm | 7.1.1.70101-38~24.04 | https://repo.radeon.com/rocm/apt/7.1.1 noble/main amd64 Packages\n"
     "      rocm | 7.0.2.70002-56~24.04 | https://repo.radeon.com/rocm/apt/7.0.2 noble/main amd64 Packages\n"
-    "  rocminfo |    5.2.3-2 | http://deb.debian.org/debian bookworm/main amd64 Packages\n"
+    "  rocminfo |    5.2.3-2 | http://apt.mirror.example/debian bookworm/main amd64 Packages\n"
 )
 
 
@@ -366,9 +366,9 @@ def test_dkms_status_both_formats(f):
 
 # What `apt-get install --print-uris` printed on Debian 12 for librocm-smi-dev (the rocm scenario's change).
 PRINT_URIS = (
-    "'http://deb.debian.org/debian/pool/main/r/rocm-smi-lib/librocm-smi64-1_5.2.3-2_amd64.deb' "
+    "'http://apt.mirror.example/debian/pool/main/r/rocm-smi-lib/librocm-smi64-1_5.2.3-2_amd64.deb' "
     "librocm-smi64-1_5.2.3-2_amd64.deb 459208 MD5Sum:3421382fb4198dbb2bf5b32a4892bf9b\n"
-    "'http://deb.debian.org/debian/pool/main/r/rocm-smi-lib/librocm-smi-dev_5.2.3-2_amd64.deb' "
+    "'http://apt.mirror.example/debian/pool/main/r/rocm-smi-lib/librocm-smi-dev_5.2.3-2_amd64.deb' "
     "librocm-smi-dev_5.2.3-2_amd64.deb 570392 MD5Sum:24f2d190fae8c3c002bd2f917a2e9664\n"
     "'https://repo.radeon.com/amdgpu/30.30.1/ubuntu/pool/main/a/amdgpu-dkms/amdgpu-dkms_1%3a6.12.12_all.deb' "
     "amdgpu-dkms_1%3a6.12.12_all.deb 1000 SHA256:00\n"
