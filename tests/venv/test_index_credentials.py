@@ -60,7 +60,8 @@ def indexes():
             log = work / f"{address}.log"
             proc, port = start_index(address, user, password, wheels, log)
             procs.append(proc)
-            urls[address] = {"port": port, "log": log}
+            # The index as pip's argv must name it: the test server's own address, no credentials.
+            urls[address] = {"port": port, "log": log, "public": f"http://{address}:{port}/idx/"}
         yield urls
     finally:
         for proc in procs:
@@ -147,8 +148,8 @@ def test_the_install_gets_the_credentials_from_a_netrc_file_and_never_on_a_comma
     # No process held a password; -vvv printed none; pip's argv names the indexes without them.
     assert watcher.seen == []
     assert printed(output) == []
-    assert f"http://127.0.0.61:{indexes['127.0.0.61']['port']}/idx/" in output
-    assert f"--extra-index-url=http://127.0.0.62:{indexes['127.0.0.62']['port']}/idx/" in output
+    assert indexes["127.0.0.61"]["public"] in output
+    assert "--extra-index-url=" + indexes["127.0.0.62"]["public"] in output
     # The release is complete and current; no file left readable by others holds a password, and
     # the netrc file's directory is gone.
     release = (root / "current").resolve()
@@ -213,7 +214,7 @@ def test_the_wheelhouse_playbook_downloads_with_the_credentials_from_a_netrc_fil
     assert watcher.seen == []
     assert printed(run.stdout + run.stderr) == []
     record = (out / "wheelhouse.json").read_text()
-    assert f"http://127.0.0.61:{indexes['127.0.0.61']['port']}/idx/" in record
+    assert indexes["127.0.0.61"]["public"] in record
     assert not [secret for secret in SECRETS if secret in record]
     assert readable_by_others_holding_a_secret(out) == []
     assert netrc_dirs() - before == set()
