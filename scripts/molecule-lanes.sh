@@ -21,9 +21,10 @@ export PATH="$bin:$PATH" ANSIBLE_CONFIG="$PWD/ansible.cfg"
 cache="${HICACHE_FLEET_CACHE:-$PWD/.cache}"
 logs="$cache/logs"
 mkdir -p "$logs"
-# Three by default on two cores: under Mitogen's strategy a fresh-clone run with two lanes left
-# 43-48 % of the CPU idle (vmstat, every 10 s), the scenarios waiting on servers, health polls and
-# probes rather than computing.
+# Three by default on two cores: the scenarios also wait on servers, health polls and probes. (The
+# 43-48 % idle once measured with two lanes was Mitogen's CPU affinity policy pinning every worker, its
+# subprocesses and the test hosts started under it to one CPU; strategy_plugins/mitogen_linear.py turns
+# that policy off.)
 lanes=${MOLECULE_LANES:-3}
 prepare_only=false
 if [ "${1:-}" = --prepare ]; then prepare_only=true; shift; fi

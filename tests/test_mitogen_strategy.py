@@ -30,6 +30,13 @@ PLAY = """---
     - name: Print it
       ansible.builtin.debug:
         msg: "PARENT={{ parent.stdout }}"
+    - name: The CPUs the shell may run on
+      ansible.builtin.command: grep Cpus_allowed_list /proc/self/status
+      register: cpus
+      changed_when: false
+    - name: Print them
+      ansible.builtin.debug:
+        msg: "CPUS={{ cpus.stdout.split()[-1] }}"
 """
 
 
@@ -46,10 +53,25 @@ def run(tmp_path: Path, strategy: str | None, extra_env: dict[str, str] | None =
                           env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-def parent(result: subprocess.CompletedProcess) -> str:
+def printed(result: subprocess.CompletedProcess, key: str) -> str:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    [line] = [line for line in result.stdout.splitlines() if "PARENT=" in line]
-    return line.split("PARENT=", 1)[1]
+    [line] = [line for line in result.stdout.splitlines() if f"{key}=" in line]
+    return line.split(f"{key}=", 1)[1].strip().strip('"')
+
+
+def parent(result: subprocess.CompletedProcess) -> str:
+    return printed(result, "PARENT")
+
+
+def cpu_list(cpus: set[int]) -> str:
+    """/proc's Cpus_allowed_list form, for a set this test process may run on (0-1, or 0,2-3)."""
+    spans: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def test_one_setting_runs_the_play_through_mitogen(tmp_path: Path) -> None:
@@ -58,6 +80,21 @@ def test_one_setting_runs_the_play_through_mitogen(tmp_path: Path) -> None:
 
 def test_default_is_the_plain_linear_strategy(tmp_path: Path) -> None:
     assert "mitogen" not in parent(run(tmp_path, None))
+
+
+def test_mitogen_pins_no_process_to_a_cpu(tmp_path: Path) -> None:
+    # Mitogen's own policy pins the workers and their subprocesses to one CPU on a 2- or 3-CPU machine
+    # (strategy_plugins/mitogen_linear.py turns it off): the task's shell may run where this test may.
+    allowed = cpu_list(os.sched_getaffinity(0))
+    assert printed(run(tmp_path, "mitogen_linear"), "CPUS") == allowed
+    assert printed(run(tmp_path, None), "CPUS") == allowed
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) not in (2, 3), reason="Mitogen's policy pins only on 2 or 3 CPUs")
+def test_mitogen_policy_back_on_pins_the_task_to_one_cpu(tmp_path: Path) -> None:
+    # What the setting turns off, seen on this machine: with it, the task runs on one CPU only.
+    cpus = printed(run(tmp_path, "mitogen_linear", {"HICACHE_FLEET_MITOGEN_AFFINITY": "1"}), "CPUS")
+    assert cpus != cpu_list(os.sched_getaffinity(0)) and cpus.isdigit(), cpus
 
 
 def test_without_mitogen_the_error_names_the_setting_and_the_fix(tmp_path: Path) -> None:
