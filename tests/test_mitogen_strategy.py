@@ -94,7 +94,8 @@ def test_mitogen_pins_no_process_to_a_cpu(tmp_path: Path) -> None:
 def test_mitogen_policy_back_on_pins_the_task_to_one_cpu(tmp_path: Path) -> None:
     # What the setting turns off, seen on this machine: with it, the task runs on one CPU only.
     cpus = printed(run(tmp_path, "mitogen_linear", {"HICACHE_FLEET_MITOGEN_AFFINITY": "1"}), "CPUS")
-    assert cpus != cpu_list(os.sched_getaffinity(0)) and cpus.isdigit(), cpus
+    assert cpus.isdigit(), cpus
+    assert cpus != cpu_list(os.sched_getaffinity(0))
 
 
 def test_without_mitogen_the_error_names_the_setting_and_the_fix(tmp_path: Path) -> None:
