@@ -98,9 +98,10 @@ def recap_by_host(stdout: str) -> dict[str, dict[str, int]]:
 
 
 def phases_left_out(stdout: str, host: str) -> list[str]:
-    """The install phases the fast path left out on host, as converged.yml says it ("runs every phase
-    but rocm, venv (current)"); [] when it runs every phase or the message is not there."""
-    found = re.search(rf"msg: '{re.escape(host)}: runs every phase but ([a-z_, ]+) \(current\)", stdout)
+    """The install phases the fast path left out on host, as converged.yml says it (one line per host
+    in one message: "- 'demo-2: runs every phase but rocm, venv (current): ..."); [] when it runs every
+    phase or the line is not there."""
+    found = re.search(rf"^\s+- '{re.escape(host)}: runs every phase but ([a-z_, ]+) \(current\)", stdout, re.M)
     return sorted(found.group(1).split(", ")) if found else []
 
 
@@ -166,8 +167,8 @@ def batch_hosts(stdout: str) -> list[str]:
 
 
 def skipped_as_converged(stdout: str) -> list[str]:
-    """The hosts site.yml's fast path skipped (roles/rollout tasks/converged.yml says so per host)."""
-    return sorted(set(re.findall(r"msg: '(\S+): converged: its recorded release", stdout)))
+    """The hosts site.yml's fast path skipped (roles/rollout tasks/converged.yml says so, a line per host)."""
+    return sorted(set(re.findall(r"^\s+- '(\S+): converged: its recorded release", stdout, re.M)))
 
 
 def report_verdicts(inventory: Path) -> dict[str, str]:

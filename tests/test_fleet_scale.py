@@ -274,11 +274,14 @@ def test_real_ansible_output_is_counted_per_role_on_one_host(tmp_path):
 
 
 def test_the_install_phases_left_out_are_read_from_the_fast_paths_message():
-    """converged.yml's per-host message as ansible-playbook prints it (the YAML callback wraps it)."""
-    out = ("ok: [demo-2] => \n"
-           "    msg: 'demo-2: runs every phase but models, rocm, venv (current): the desired release\n"
-           "        changed since the last whole run'\nok: [demo-3] => \n"
-           "    msg: 'demo-3: runs every phase: the desired release changed since the last whole run'\n")
+    """converged.yml's message, a line per host, as ansible-playbook prints it (the YAML callback wraps it)."""
+    out = ("ok: [demo-1] => \n    msg:\n"
+           "    - 'demo-2: runs every phase but models, rocm, venv (current): the desired release\n"
+           "        changed since the last whole run'\n"
+           "    - 'demo-3: runs every phase: the desired release changed since the last whole run'\n"
+           "    - 'demo-4: converged: its recorded release is the desired one and nothing drifted;\n"
+           "        every phase is skipped'\n")
     assert fleet_scale.rollout_rerun.phases_left_out(out, "demo-2") == ["models", "rocm", "venv"]
     assert fleet_scale.rollout_rerun.phases_left_out(out, "demo-3") == []
     assert fleet_scale.rollout_rerun.phases_left_out(out, "demo-1") == []
+    assert fleet_scale.rollout_rerun.skipped_as_converged(out) == ["demo-4"]

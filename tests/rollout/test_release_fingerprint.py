@@ -246,3 +246,31 @@ def test_no_key_counts_in_a_fingerprint_but_every_key_goes_to_the_hosts_hmac(pro
     # Without any secret: nothing for the module to add (the records of before stay valid).
     none = {"release": "", "phases": {"rocm": "", "venv": "", "models": ""}}
     assert secrets_of(project, {"rocm_version": "7.2"}) == none
+
+
+def test_the_fast_paths_summary_puts_each_host_in_its_groups_and_says_why():
+    """One task decides the groups for the whole converged play (tasks/converged.yml): from each
+    host's drift check, _converged, _current_<phase> per phase its record holds, or none."""
+    summary = load("roles/rollout/filter_plugins/rollout_converged.py").rollout_converged_summary
+    results = {
+        "a": {"converged": True, "reasons": [], "current_phases": ["rocm", "venv", "models"]},
+        "b": {"converged": False, "reasons": ["the desired release changed since the last whole run"],
+              "current_phases": ["rocm", "venv"]},
+        "c": {"converged": False, "reasons": ["sglang-main.service is not active (failed)"], "current_phases": []},
+        "d": {"unreachable": True, "msg": "ssh: connect to host d port 22: Connection refused"},
+        "e": {"skipped": True, "changed": False},
+    }
+    hosts = ["a", "b", "c", "d", "e", "f"]
+    done = summary(hosts, results, False)
+    assert done["groups"] == {"a": ["_converged"], "b": ["_current_rocm", "_current_venv"]}
+    assert done["converged"] == ["a"]
+    assert done["lines"] == [
+        "a: converged: its recorded release is the desired one and nothing drifted; every phase is skipped",
+        "b: runs every phase but rocm, venv (current): the desired release changed since the last whole run",
+        "c: runs every phase: sglang-main.service is not active (failed)",
+        "d: unreachable: ssh: connect to host d port 22: Connection refused",
+        "e: the fast path is off (rollout_fast_path is false or rollout_probe_always is true for this host)",
+        "f: the fast path is off (rollout_fast_path is false or rollout_probe_always is true for this host)",
+    ]
+    tagged = summary(["e"], {"e": {"skipped": True}}, True)
+    assert tagged == {"groups": {}, "converged": [], "lines": ["e: the fast path is off (--tags or --skip-tags given)"]}

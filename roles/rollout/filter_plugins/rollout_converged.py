@@ -344,6 +344,37 @@ def rollout_phase_outputs(host_vars: Mapping[str, Any], outputs: Mapping[str, li
     return found
 
 
+def rollout_converged_summary(hosts: list[str], results: Mapping[str, Any], tags_given: bool) -> dict[str, Any]:
+    """What the fast path decided for each host of the converged play, from the drift checks'
+    registered results (results: {host: _rollout_converged}; a host whose check was skipped has a
+    skipped result or none): {"groups": {host: [group, ...]}, the groups it joins (_converged, or
+    _current_<phase> per install phase its record still holds); "lines": [one sentence per host];
+    "converged": [hosts]}. tags_given: the run has --tags or --skip-tags (the fast path is off)."""
+    groups: dict[str, list[str]] = {}
+    lines: list[str] = []
+    converged: list[str] = []
+    for host in hosts:
+        result = results.get(host) or {}
+        if result.get("unreachable"):
+            lines.append(f"{host}: unreachable: {result.get('msg', '')}")
+        elif result.get("skipped") or "converged" not in result:
+            why = ("--tags or --skip-tags given" if tags_given
+                   else "rollout_fast_path is false or rollout_probe_always is true for this host")
+            lines.append(f"{host}: the fast path is off ({why})")
+        elif result["converged"]:
+            converged.append(host)
+            groups[host] = ["_converged"]
+            lines.append(f"{host}: converged: its recorded release is the desired one and nothing drifted; "
+                         "every phase is skipped")
+        else:
+            current = list(result.get("current_phases") or [])
+            if current:
+                groups[host] = [f"_current_{phase}" for phase in current]
+            runs = "every phase" if not current else f"every phase but {', '.join(current)} (current)"
+            lines.append(f"{host}: runs {runs}: {'; '.join(result.get('reasons') or [])}")
+    return {"groups": groups, "lines": lines, "converged": converged}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -352,4 +383,5 @@ class FilterModule:
             "rollout_phase_fingerprints": rollout_phase_fingerprints,
             "rollout_release_secrets": rollout_release_secrets,
             "rollout_phase_outputs": rollout_phase_outputs,
+            "rollout_converged_summary": rollout_converged_summary,
         }
