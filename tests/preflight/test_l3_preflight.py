@@ -16,6 +16,7 @@ from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 pf = load(ROOT / "roles" / "preflight" / "filter_plugins" / "preflight.py")
+disk = load(ROOT / "module_utils" / "fleet_free_disk.py")
 
 L3 = {"root": "/var/lib/sglang/l3", "dir": "/var/lib/sglang/l3/main/0123456789abcdef", "id": "0123456789abcdef",
       "max_size_bytes": 50_000_000_000, "eviction_ratio": 0.9}
@@ -65,8 +66,8 @@ def test_disk_need_is_the_limit_less_what_the_directory_holds():
     assert "sglang_service_l3_max_size_gb = 50 GB" in needs[0]["what"]
     assert "sglang_service_l3_max_size_gb" in needs[0]["fix"]
     # Both on one filesystem: summed by the disk check.
-    results = [{"item": need, "stdout": "70000000000 /var"} for need in needs]
-    (finding,) = pf.disk_needs_findings(results, "h1")
+    measured = [{"need": need, "free": 70_000_000_000, "mount": "/var"} for need in needs]
+    (finding,) = disk.findings(measured, "h1")
     assert "has 70.0 GB free, but this run stages 80.0 GB" in finding
 
 

@@ -34,7 +34,7 @@ BASE = {
 # and none is an option of preflight's main entry point (that one is checked by Ansible on the
 # role's start and fails at once).
 BAD = {
-    "preflight": ("preflight_disk_need_bytes", "lots"),
+    "preflight": ("preflight_ram_units", {"a": 1}),
     "rocm": ("rocm_amd_pin_priority", "high"),
     "sglang_venv": ("sglang_venv_keep_releases", "many"),
     "models": ("models_verify_existing", "perhaps"),

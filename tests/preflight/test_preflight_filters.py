@@ -163,12 +163,6 @@ def test_ram_one_implementation_for_both_inputs():
     assert pf.ram_findings([], 1, 16) == []
 
 
-def test_disk():
-    assert pf.disk_findings("2000000000", 1e9, "/srv", "h", "x", "fix") == []
-    assert pf.disk_findings("500000000", 1e9, "/srv", "h", "x", "Fix it.") == [
-        "/srv on h has 0.5 GB free; x needs 1.0 GB. Fix it."]
-
-
 def test_host_findings():
     facts = {"distribution": "Debian", "distribution_version": "12.15", "distribution_major_version": "12",
              "service_mgr": "systemd", "python_version": "3.11.2"}

@@ -13,6 +13,7 @@ from plugins import load
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "rocminfo"
 pf = load(ROOT / "roles" / "preflight" / "filter_plugins" / "preflight.py")
+disk = load(ROOT / "module_utils" / "fleet_free_disk.py")
 DEFAULTS = yaml.safe_load((ROOT / "roles" / "preflight" / "defaults" / "main.yml").read_text())
 KERNELS = DEFAULTS["preflight_rocm_supported_kernels"]
 
@@ -109,32 +110,32 @@ def test_enabled_igpu_is_refused_unless_accepted():
     assert pf.other_gpu_findings(None, {"gpu_arch": "gfx1100"}) == []
 
 
-# --- disk, summed per filesystem ---------------------------------------------------------------------------
+# --- disk, summed per filesystem (module_utils/fleet_free_disk.py; the module's run: tests/test_fleet_free_disk.py)
 def need(path: str, gb: float, what: str) -> dict:
     return {"path": path, "need_bytes": gb * 1e9, "what": what, "fix": f"Lower the {what} knob."}
 
 
 def test_needs_on_one_filesystem_are_summed():
-    results = [
-        {"item": need("/opt", 25, "ROCm"), "stdout": "40000000000 /"},
-        {"item": need("/opt/sglang", 20, "venv"), "stdout": "40000000000 /"},
-        {"item": need("/srv/models", 1, "models"), "stdout": "900000000000 /srv"},
+    measured = [
+        {"need": need("/opt", 25, "ROCm"), "free": 40_000_000_000, "mount": "/"},
+        {"need": need("/opt/sglang", 20, "venv"), "free": 40_000_000_000, "mount": "/"},
+        {"need": need("/srv/models", 1, "models"), "free": 900_000_000_000, "mount": "/srv"},
     ]
-    (finding,) = pf.disk_needs_findings(results, "h1")
+    (finding,) = disk.findings(measured, "h1")
     assert "the filesystem at / on h1 has 40.0 GB free, but this run stages 45.0 GB there" in finding
     assert "ROCm under /opt: 25.0 GB; venv under /opt/sglang: 20.0 GB" in finding
     assert "Lower the ROCm knob. Lower the venv knob." in finding
-    results[1]["item"] = need("/opt/sglang", 15, "venv")
-    assert pf.disk_needs_findings(results, "h1") == []
+    measured[1]["need"] = need("/opt/sglang", 15, "venv")
+    assert disk.findings(measured, "h1") == []
 
 
 def test_one_need_keeps_the_single_path_message_and_zero_needs_are_ignored():
-    results = [
-        {"item": need("/srv", 1, "x"), "stdout": "500000000 /srv"},
-        {"item": need("/opt", 0, "y"), "stdout": "0 /"},
+    measured = [
+        {"need": need("/srv", 1, "x"), "free": 500_000_000, "mount": "/srv"},
+        {"need": need("/opt", 0, "y"), "free": 0, "mount": "/"},
     ]
-    assert pf.disk_needs_findings(results, "h") == ["/srv on h has 0.5 GB free; x needs 1.0 GB. Lower the x knob."]
-    assert pf.disk_needs_findings([{"skipped": True}], "h") == []
+    assert disk.findings(measured, "h") == ["/srv on h has 0.5 GB free; x needs 1.0 GB. Lower the x knob."]
+    assert disk.findings([], "h") == []
 
 
 # --- MemAvailable with SGLang's rule ------------------------------------------------------------------------

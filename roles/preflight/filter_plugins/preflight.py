@@ -3,11 +3,11 @@
 A finding is one string that says what is wrong, names the variable and says how to fix it. The
 role collects them per host and fails once with the list (``preflight_summary``). Each function is
 the only implementation of its check: the sglang_service role reuses them through
-``include_role: preflight, tasks_from: service | ram``, the models role through ``tasks_from: disk``.
+``include_role: preflight, tasks_from: service | ram``. The free-disk check is the module
+library/fleet_free_disk.py (module_utils/fleet_free_disk.py), which the models role calls too.
 
 - ``preflight_host_findings(facts, settings)``: OS, init, Python, GPU agents (rocminfo).
 - ``preflight_ram_findings(pools, memtotal_mb, reserve_gb, host)``: HiCache host pools vs RAM.
-- ``preflight_disk_findings(free_bytes, need_bytes, path, host, what, fix)``: free disk.
 - ``preflight_sglang_argv(argv, table, ranges)``: argv against SGLang's own flag table
   (files/sglang-flags.json, read off its argparse parser): unknown and ambiguous flags, values,
   types, choices, plus ranges argparse does not check.
@@ -15,7 +15,6 @@ the only implementation of its check: the sglang_service role reuses them throug
   ports, profiles, public bind without a key, TP size vs GPUs, HiCache rules, probe prompt length.
 - ``preflight_rollout_findings(settings)``: batches, probe settings, package set.
 - ``preflight_port_findings(results)``: ports held by other processes (check_port.py output).
-- ``preflight_disk_needs_findings(results, host)``: free disk of several paths, summed per filesystem.
 - ``preflight_kernel_findings(facts, settings)``: the running kernel against the ROCm release's list.
 - ``preflight_secure_boot_findings(probe, settings)``: Secure Boot with AMD's DKMS amdgpu module.
 - ``preflight_gpu_agents(rocminfo)`` / ``preflight_other_gpu_findings(rocminfo, settings)``: rocminfo's
@@ -168,59 +167,6 @@ def ram_findings(pools: Sequence[Mapping[str, Any]], memtotal_mb: Any, reserve_g
         f"has {ram_bytes / 1e9:.1f} GB ({memtotal_mb} MiB: MemTotal, or the RAM a simulator host was told). Lower "
         f"{' / '.join(variables) or '--hicache-size'}, lower tp-size, or run fewer instances here."
     ]
-
-
-def disk_findings(free_bytes: Any, need_bytes: Any, path: str, host: str, what: str, fix: str) -> list[str]:
-    """Free space under `path` must hold `need_bytes`."""
-    free, need = int(str(free_bytes or 0).strip() or 0), int(float(need_bytes))
-    if free >= need:
-        return []
-    return [f"{path} on {host} has {free / 1e9:.1f} GB free; {what} needs {need / 1e9:.1f} GB. {fix}"]
-
-
-def disk_needs_findings(results: Sequence[Mapping[str, Any]], host: str) -> list[str]:
-    """Free disk for several needs, summed per filesystem (one df result per need).
-
-    results: registered loop results; each `item` is {path, need_bytes, what, fix}, each `stdout`
-    df's "<available bytes> <mount point>" for the path's nearest existing parent. Needs on one
-    filesystem (/, /opt and the model store often are) must fit together.
-    """
-    mounts: dict[str, dict[str, Any]] = {}
-    for result in results:
-        if result.get("skipped"):
-            continue
-        item = result.get("item") or {}
-        need = int(float(item.get("need_bytes") or 0))
-        if need <= 0:
-            continue
-        words = str(result.get("stdout") or "").split()
-        free = int(words[0]) if words and words[0].isdigit() else 0
-        mount = " ".join(words[1:]) or str(item.get("path"))
-        entry = mounts.setdefault(mount, {"free": free, "need": 0, "items": []})
-        entry["need"] += need
-        entry["items"].append(item)
-    found = []
-    for mount, entry in mounts.items():
-        if entry["free"] >= entry["need"]:
-            continue
-        items = entry["items"]
-        if len(items) == 1:
-            item = items[0]
-            found.append(
-                f"{item.get('path')} on {host} has {entry['free'] / 1e9:.1f} GB free; {item.get('what')} needs "
-                f"{entry['need'] / 1e9:.1f} GB. {item.get('fix')}"
-            )
-            continue
-        parts = "; ".join(
-            f"{item.get('what')} under {item.get('path')}: {int(float(item.get('need_bytes'))) / 1e9:.1f} GB"
-            for item in items
-        )
-        fixes = " ".join(dict.fromkeys(str(item.get("fix")) for item in items))
-        found.append(
-            f"the filesystem at {mount} on {host} has {entry['free'] / 1e9:.1f} GB free, but this run stages "
-            f"{entry['need'] / 1e9:.1f} GB there ({parts}). {fixes}"
-        )
-    return found
 
 
 # --- kernel, Secure Boot, other GPU agents, MemAvailable ------------------------------------------------
@@ -716,7 +662,7 @@ def l3_findings(plan: Sequence[Mapping[str, Any]]) -> list[str]:
 def l3_disk_needs(plan: Sequence[Mapping[str, Any]], used: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Free disk the L3 tiers need (preflight tasks/disk.yml's needs): each instance's size limit less
     what its identity's directory already holds (`used`: registered `du -sb` results per plan entry;
-    a directory not there yet holds nothing). Summed per filesystem by disk_needs_findings."""
+    a directory not there yet holds nothing). Summed per filesystem by library/fleet_free_disk.py."""
     held: dict[str, int] = {}
     for result in used or []:
         words = str(result.get("stdout") or "").split()
@@ -951,8 +897,6 @@ class FilterModule:
             "preflight_host_findings": host_findings,
             "preflight_gpus_found": gpus_found,
             "preflight_ram_findings": ram_findings,
-            "preflight_disk_findings": disk_findings,
-            "preflight_disk_needs_findings": disk_needs_findings,
             "preflight_kernel_findings": kernel_findings,
             "preflight_secure_boot_findings": secure_boot_findings,
             "preflight_gpu_agents": gpu_agents,

@@ -58,13 +58,12 @@ NOT_RELEASE = frozenset({
 })
 TREE = ("site.yml", "ansible.cfg", "playbooks", "roles", "library", "module_utils", "callback_plugins")
 # The install phases a run can leave out, in site.yml's order: the files whose content counts (its
-# roles, its playbook) and those whose option names count (models includes only preflight's disk
-# check, which reads no service option: the rest of preflight checks the service's config).
+# role, its playbook; library/ and module_utils/, where its free-disk check is, are in SHARED_TREE)
+# and those whose option names count (the same files).
 PHASES = (
     ("rocm", ("roles/rocm", "playbooks/rocm.yml"), ("roles/rocm", "playbooks/rocm.yml")),
     ("venv", ("roles/sglang_venv", "playbooks/venv.yml"), ("roles/sglang_venv", "playbooks/venv.yml")),
-    ("models", ("roles/models", "roles/preflight", "playbooks/models.yml"),
-     ("roles/models", "roles/preflight/tasks/disk.yml", "playbooks/models.yml")),
+    ("models", ("roles/models", "playbooks/models.yml"), ("roles/models", "playbooks/models.yml")),
 )
 SHARED_TREE = tuple(top for top in TREE if top != "roles")
 # The environment variables that decide which GPUs a process sees: the ones the ROCm role's GPU check
