@@ -426,3 +426,73 @@ def test_specs_skip_check_finds_an_include_that_validates_again(tmp_path):
     problems = specs_skip_findings(tmp_path, ("p.yml",))
     assert len(problems) == 1, problems
     assert "include_role two plan" in problems[0], problems
+
+
+# --- g. roles call one way ---------------------------------------------------------------------------
+# A role's task files and handlers include other roles (include_role/import_role); those calls must
+# not come back round to the caller. The one cycle left, with why it is still there: the test fails
+# when a new one appears and when this one is gone (so that the list is kept true).
+KNOWN_CYCLES = {
+    ("preflight", "rollout", "sglang_service"):
+        "the service checks still live in preflight (tasks/service.yml), and sglang_service's stage runs them: "
+        "sglang_service -> preflight -> rollout (settings) -> sglang_service (prune, rollback)",
+}
+
+
+def role_calls(root: Path) -> dict[str, set[str]]:
+    """{role: the other roles its task files and handlers include}."""
+    calls: dict[str, set[str]] = {}
+    for path in sorted(root.glob("roles/*/*/*.yml")):
+        if path.parent.name not in ("tasks", "handlers"):
+            continue
+        own = path.parent.parent.name
+        for key, value in _walk(_load(path)):
+            if key in INCLUDE_ROLE and isinstance(value, dict) and value.get("name") not in (None, own):
+                calls.setdefault(own, set()).add(str(value["name"]))
+    return calls
+
+
+def role_cycles(calls: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    """Each set of roles that reach each other (a strongly connected group of two or more), sorted."""
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for callee in calls.get(todo.pop(), ()):
+                if callee not in seen:
+                    seen.add(callee)
+                    todo.append(callee)
+        return seen
+
+    reached = {role: reach(role) for role in set(calls) | {c for callees in calls.values() for c in callees}}
+    groups = set()
+    for role, seen in reached.items():
+        group = tuple(sorted({role} | {other for other in seen if role in reached[other]}))
+        if len(group) > 1:
+            groups.add(group)
+    return groups
+
+
+def test_roles_call_one_way():
+    calls = role_calls(ROOT)
+    assert calls, "no include_role found: the walk is broken"
+    assert role_cycles(calls) == set(KNOWN_CYCLES), {group: sorted(calls.get(group[0], ())) for group in
+                                                     role_cycles(calls)}
+    # The models role checks its disk with the module (library/fleet_free_disk.py), not preflight's tasks.
+    assert "preflight" not in calls.get("models", set())
+
+
+def test_cycle_check_finds_a_cycle_of_three_and_not_a_chain(tmp_path):
+    def role(name: str, *callees: str) -> None:
+        (tmp_path / "roles" / name / "tasks").mkdir(parents=True)
+        tasks = [{"name": f"call {c}", "ansible.builtin.include_role": {"name": c, "tasks_from": "x"}} for c in callees]
+        (tmp_path / "roles" / name / "tasks" / "main.yml").write_text(yaml.safe_dump(tasks))
+
+    role("a", "b")
+    role("b", "c")
+    role("c", "a", "d")
+    role("d")
+    role("e", "a")
+    assert role_cycles(role_calls(tmp_path)) == {("a", "b", "c")}
+    (tmp_path / "roles" / "c" / "tasks" / "main.yml").write_text(yaml.safe_dump(
+        [{"name": "d only", "ansible.builtin.include_role": {"name": "d"}}]))
+    assert role_cycles(role_calls(tmp_path)) == set()

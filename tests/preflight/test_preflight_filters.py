@@ -235,17 +235,6 @@ def test_bytes_needed(needed):
     assert pf.bytes_needed(30, needed) == old
 
 
-@pytest.mark.parametrize("size", ["0", "", "48", "12\n", "1.5", "-3", "ratio"])
-def test_pool_gb_and_ram_pools(size):
-    # Full-string match (issue 24): the old `$` took "12\n" for 12; now it is no whole number (refused
-    # by its own check in tasks/service.yml).
-    old_gb = expr("(s | int) * (tp | int) if s is match('^[0-9]+\\\\Z') else 0", s=size, tp=2)
-    assert pf.pool_gb(size, 2) == old_gb
-    legacy, plan = [{"label": "legacy"}], [{"label": "main: 2 x 48 GB"}]
-    old = expr("legacy if s not in ['0', ''] else plan", legacy=legacy, plan=plan, s=size)
-    assert pf.ram_pools(plan, legacy, size) == old
-
-
 @pytest.mark.parametrize("ranges", [{}, {"--mem-fraction-static": {"min": 0.1}}])
 def test_ranges_or_none(ranges):
     assert expr("r or none", r=ranges) == expr("r if r | length > 0 else none", r=ranges)

@@ -26,9 +26,6 @@ library/fleet_free_disk.py (module_utils/fleet_free_disk.py), which the models r
 - ``preflight_gpus_counted(rocminfo, arch, expected)``: the GPU agents found, none when rocminfo did
   not run or no GPU is expected.
 - ``preflight_bytes_needed(gb, needed)``: GB as bytes (1e9) when the stage is needed, else 0.
-- ``preflight_pool_gb(size, tp_size)`` / ``preflight_ram_pools(plan_pools, legacy, size)``: the host
-  pools the RAM check counts: preflight_hicache_size_gb × preflight_tp_size when that is set, else the
-  plan's pools.
 """
 
 from __future__ import annotations
@@ -879,16 +876,6 @@ def bytes_needed(gb: int, needed: bool) -> int:
     return gb * 1000000000 if needed else 0
 
 
-def pool_gb(size: str, tp_size: int) -> int:
-    """size × tp_size for a whole number of GB (size as text), else 0 (refused by its own check)."""
-    return int(size) * tp_size if re.fullmatch(r"[0-9]+", size) else 0
-
-
-def ram_pools(plan_pools: list[Any], legacy: list[Any], size: str) -> list[Any]:
-    """The legacy pool (preflight_hicache_size_gb) when that is set (not '0' or ''), else the plan's pools."""
-    return legacy if size not in ("0", "") else plan_pools
-
-
 class FilterModule:
     """Jinja filters of the preflight role."""
 
@@ -911,8 +898,6 @@ class FilterModule:
             "preflight_rocminfo": rocminfo,
             "preflight_gpus_counted": gpus_counted,
             "preflight_bytes_needed": bytes_needed,
-            "preflight_pool_gb": pool_gb,
-            "preflight_ram_pools": ram_pools,
             "preflight_l3_findings": l3_findings,
             "preflight_l3_disk_needs": l3_disk_needs,
         }
