@@ -347,11 +347,10 @@ def rollout_converged_summary(hosts: list[str], results: Mapping[str, Any], tags
     """What the fast path decided for each host of the converged play, from the drift checks'
     registered results (results: {host: _rollout_converged}; a host whose check was skipped has a
     skipped result or none): {"groups": {host: [group, ...]}, the groups it joins (_converged, or
-    _current_<phase> per install phase its record still holds); "lines": [one sentence per host];
-    "converged": [hosts]}. tags_given: the run has --tags or --skip-tags (the fast path is off)."""
+    _current_<phase> per install phase its record still holds); "lines": [one sentence per host]}.
+    tags_given: the run has --tags or --skip-tags (the fast path is off)."""
     groups: dict[str, list[str]] = {}
     lines: list[str] = []
-    converged: list[str] = []
     for host in hosts:
         result = results.get(host) or {}
         if result.get("unreachable"):
@@ -361,7 +360,6 @@ def rollout_converged_summary(hosts: list[str], results: Mapping[str, Any], tags
                    else "rollout_fast_path is false or rollout_probe_always is true for this host")
             lines.append(f"{host}: the fast path is off ({why})")
         elif result["converged"]:
-            converged.append(host)
             groups[host] = ["_converged"]
             lines.append(f"{host}: converged: its recorded release is the desired one and nothing drifted; "
                          "every phase is skipped")
@@ -371,7 +369,7 @@ def rollout_converged_summary(hosts: list[str], results: Mapping[str, Any], tags
                 groups[host] = [f"_current_{phase}" for phase in current]
             runs = "every phase" if not current else f"every phase but {', '.join(current)} (current)"
             lines.append(f"{host}: runs {runs}: {'; '.join(result.get('reasons') or [])}")
-    return {"groups": groups, "lines": lines, "converged": converged}
+    return {"groups": groups, "lines": lines}
 
 
 class FilterModule:
