@@ -496,3 +496,110 @@ def test_cycle_check_finds_a_cycle_of_three_and_not_a_chain(tmp_path):
     (tmp_path / "roles" / "c" / "tasks" / "main.yml").write_text(yaml.safe_dump(
         [{"name": "d only", "ansible.builtin.include_role": {"name": "d"}}]))
     assert role_cycles(role_calls(tmp_path)) == set()
+
+
+# --- h. task names: `Step | what it does` (docs/conventions.md) ----------------------------------------
+# ansible-lint checks that every task has a name, upper-case first and Jinja only at its end; the
+# `Step | ` prefix it cannot check (its name[prefix] wants the file stem in lower case). Here: every
+# task and handler name of a task file has the prefix, but in the files below, which predate the
+# convention and move to it when they are edited anyway. A file that has moved leaves the list (the
+# test says so), and no new file joins it.
+NAME_PREFIX = re.compile(r"^[A-Z][A-Za-z0-9/ -]*? \| \S")
+UNPREFIXED_FILES = {
+    "playbooks/capture_venv.yml",
+    "playbooks/demo_prepare.yml",
+    "playbooks/first_host.yml",
+    "playbooks/model_manifest.yml",
+    "playbooks/models.yml",
+    "playbooks/rocm.yml",
+    "playbooks/venv.yml",
+    "playbooks/wheelhouse.yml",
+    "roles/first_host/tasks/main.yml",
+    "roles/models/tasks/current.yml",
+    "roles/models/tasks/fetch-hf.yml",
+    "roles/models/tasks/fetch-http.yml",
+    "roles/models/tasks/fetch-sync.yml",
+    "roles/models/tasks/fetch.yml",
+    "roles/models/tasks/hf-tool.yml",
+    "roles/models/tasks/main.yml",
+    "roles/models/tasks/model.yml",
+    "roles/models/tasks/preflight.yml",
+    "roles/models/tasks/verify-staging.yml",
+    "roles/monitoring/handlers/main.yml",
+    "roles/preflight/tasks/main.yml",
+    "roles/rocm/handlers/main.yml",
+    "roles/rocm/tasks/activate.yml",
+    "roles/rocm/tasks/current.yml",
+    "roles/rocm/tasks/fetch.yml",
+    "roles/rocm/tasks/gpu_check.yml",
+    "roles/rocm/tasks/install.yml",
+    "roles/rocm/tasks/main.yml",
+    "roles/rocm/tasks/preflight.yml",
+    "roles/rocm/tasks/reboot_state.yml",
+    "roles/rocm/tasks/release.yml",
+    "roles/rocm/tasks/repository.yml",
+    "roles/rocm/tasks/service_ready.yml",
+    "roles/rocm/tasks/stage.yml",
+    "roles/rocm/tasks/state.yml",
+    "roles/rocm/tasks/users.yml",
+    "roles/router/handlers/main.yml",
+    "roles/sglang_service/handlers/main.yml",
+    "roles/sglang_service/tasks/main.yml",
+    "roles/sglang_venv/tasks/current.yml",
+    "roles/sglang_venv/tasks/install.yml",
+    "roles/sglang_venv/tasks/main.yml",
+    "roles/sglang_venv/tasks/preflight.yml",
+    "roles/sglang_venv/tasks/resolve.yml",
+    "roles/sglang_venv/tasks/setup-Debian.yml",
+    "roles/sglang_venv/tasks/setup-default.yml",
+    "roles/sglang_venv/tasks/switch.yml",
+    "roles/sglang_venv/tasks/verify.yml",
+    "roles/sglang_venv/tasks/wheelhouse-digest.yml",
+}
+
+
+def _task_names(node, found: list[str]) -> None:
+    """The names of tasks, handlers and blocks in a parsed task file or playbook (not of plays)."""
+    if isinstance(node, list):
+        for item in node:
+            _task_names(item, found)
+    elif isinstance(node, dict):
+        if isinstance(node.get("name"), str) and "hosts" not in node and "import_playbook" not in node:
+            found.append(node["name"])
+        for key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
+            _task_names(node.get(key), found)
+
+
+def task_name_findings(root: Path, legacy=frozenset()) -> list[str]:
+    problems = []
+    files = [*root.glob("roles/*/tasks/*.yml"), *root.glob("roles/*/handlers/*.yml"), *root.glob("playbooks/*.yml"),
+             *root.glob("playbooks/tasks/*.yml")]
+    for path in sorted(files):
+        rel = path.relative_to(root).as_posix()
+        names: list[str] = []
+        _task_names(_load(path), names)
+        bare = [name for name in names if not NAME_PREFIX.match(name)]
+        if bare and rel not in legacy:
+            problems.append(f"{rel}: {len(bare)} task name(s) without a 'Step | ' prefix, e.g. {bare[0]!r}")
+        elif rel in legacy and not bare:
+            problems.append(f"{rel}: every name has its prefix now; take the file off UNPREFIXED_FILES")
+    problems += [f"{rel}: listed in UNPREFIXED_FILES but not there" for rel in sorted(legacy)
+                 if not (root / rel).is_file()]
+    return problems
+
+
+def test_task_names_have_their_step_prefix():
+    problems = task_name_findings(ROOT, UNPREFIXED_FILES)
+    assert not problems, "\n".join(problems)
+
+
+def test_task_name_check_finds_a_bare_name_and_a_stale_listing(tmp_path):
+    (tmp_path / "roles" / "r" / "tasks").mkdir(parents=True)
+    (tmp_path / "roles" / "r" / "tasks" / "new.yml").write_text(yaml.safe_dump(
+        [{"name": "New | one", "block": [{"name": "install it", "ansible.builtin.debug": {}}]}]))
+    (tmp_path / "roles" / "r" / "tasks" / "old.yml").write_text(yaml.safe_dump([{"name": "Old | fine now"}]))
+    problems = task_name_findings(tmp_path, frozenset({"roles/r/tasks/old.yml", "roles/r/tasks/gone.yml"}))
+    assert len(problems) == 3, problems
+    assert "roles/r/tasks/new.yml: 1 task name(s) without a 'Step | ' prefix, e.g. 'install it'" in problems[0]
+    assert "take the file off UNPREFIXED_FILES" in problems[1]
+    assert "gone.yml: listed in UNPREFIXED_FILES but not there" in problems[2]
