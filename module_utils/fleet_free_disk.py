@@ -17,8 +17,9 @@ ARGUMENT_SPEC = {
 }
 
 
-def nearest_existing(path: str, exists: Callable[[str], bool] = os.path.lexists) -> str:
-    """`path`, or its nearest parent that exists (what a run will create lives on that filesystem)."""
+def nearest_existing(path: str, exists: Callable[[str], bool] = os.path.exists) -> str:
+    """`path`, or its nearest parent that exists (what a run will create lives on that filesystem).
+    A link counts by its target, as df reads it: a dangling one is passed over to its parent."""
     current = os.path.abspath(path or "/")
     while not exists(current) and current != os.path.dirname(current):
         current = os.path.dirname(current)

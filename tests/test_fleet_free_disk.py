@@ -30,6 +30,12 @@ def test_a_path_not_there_yet_is_measured_on_its_nearest_parent(tmp_path):
     assert str(tmp_path.resolve()).startswith(measured["mount"].rstrip("/") + "/")
 
 
+def test_a_dangling_link_is_measured_on_its_parent(tmp_path):
+    (tmp_path / "models").symlink_to(tmp_path / "nowhere")
+    assert disk.nearest_existing(str(tmp_path / "models" / "main")) == str(tmp_path)
+    assert disk.measure(str(tmp_path / "models"))["free"] > 0
+
+
 def test_check_measures_each_path_once_and_sums_per_filesystem():
     calls = []
 
