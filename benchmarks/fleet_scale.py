@@ -3,7 +3,11 @@
 of 12 (`make demo DEMO_HOSTS=12` first; --hosts N for another size that is up).
 
 (a) The no-change re-run of site.yml on the converged fleet, on 1 host (--limit demo-1) and on all
-    N hosts, medians of --runs (default 2), and their ratio (target printed: <= 1.5x).
+    N hosts, medians of --runs (default 2), and their ratio (target printed: <= 1.5x). Beside them,
+    Ansible's own floor on the same hosts, measured in the same run: a play of one
+    ansible.builtin.ping per host with gather_facts: false (written to a temp file, run as site.yml
+    is, then removed), on 1 host and on N, its N/1 ratio, and how much of the re-run's growth from
+    1 to N hosts is the floor's.
 (b) One fleet-wide change and its revert: sglang_service_environment with one variable more, given
     as an extra var file (-e @file outranks the demo's group_vars on every host, as an edit of
     inventories/demo/group_vars would), so every host's environment file changes and every host
@@ -13,8 +17,11 @@ of 12 (`make demo DEMO_HOSTS=12` first; --hosts N for another size that is up).
     play's banner opens each one; the lines of ansible-playbook's output are stamped as they are
     read) and each batch's time and hosts, the hosts restarted (their unit's MainPID), the machine's
     busy CPU seconds per changed host (/proc/stat: the controller, ssh and the test hosts' Python
-    share these cores) and the tasks ok per changed host (PLAY RECAP). The fleet is left converged
-    on the demo config: a failed change or revert is followed by a run that takes it back.
+    share these cores) and the tasks ok per changed host (PLAY RECAP), and that CPU per changed
+    host split into the test hosts' (every process in another PID namespace than the controller's:
+    the systemd-nspawn hosts; read off /proc/PID/stat, a lower bound) and the controller's (the
+    rest). The fleet is left converged on the demo config: a failed change or revert is followed
+    by a run that takes it back.
 
 It first runs site.yml once untimed on all N hosts, so that every host is converged and recorded.
 The N hosts are demo-1..N, read off `molecule/resources/hosts.sh list`; the hosts beyond the
@@ -53,6 +60,16 @@ DEFAULT_HOSTS = 12
 TARGET_FLEET_RATIO = 1.5
 CHANGE_VARIABLE = "HICACHE_FLEET_BENCH"
 RESULT_LINE = re.compile(r"^(?:ok|changed|failed|fatal): \[([^\]]+)\]")
+# Ansible's own floor: one Python module call per host and nothing else (no facts), on the hosts
+# site.yml runs on, under the same inventory, limit and environment as the no-change re-runs.
+FLOOR_PLAY = """---
+- name: Ansible floor (one ping per host)
+  hosts: sglang_hosts
+  gather_facts: false
+  tasks:
+    - name: Ping
+      ansible.builtin.ping:
+"""
 
 
 # --- parsing (plain functions over captured output: tests/test_fleet_scale.py) ------------------------
@@ -112,6 +129,74 @@ def change_overlay(group_vars: dict, value: str = "fleet-wide change") -> dict:
     return {"sglang_service_environment": {**group_vars["sglang_service_environment"], CHANGE_VARIABLE: value}}
 
 
+def floor_lines(hosts: int, runs: int, floor_one: list[float], floor_fleet: list[float],
+                site_one: float, site_fleet: float) -> list[str]:
+    """The printed lines of Ansible's floor (the ping play's wall times on 1 host and on `hosts`) next
+    to the no-change re-run's medians on the same hosts: each against the re-run, the floor's own
+    N/1 ratio, and the share of the re-run's growth from 1 to N hosts that the floor's growth is."""
+    one, fleet = statistics.median(floor_one), statistics.median(floor_fleet)
+    lines = [f"Ansible's floor on the same hosts (one ansible.builtin.ping per host, gather_facts: false; "
+             f"medians of {runs}):"]
+    for label, walls, floor, site in (("1 host (--limit demo-1)", floor_one, one, site_one),
+                                      (f"{hosts} hosts", floor_fleet, fleet, site_fleet)):
+        lines.append(f"  {label:<24} {floor:6.2f} s (runs: {', '.join(f'{w:.2f}' for w in walls)} s); "
+                     f"the re-run {site:.1f} s = {site / floor:.1f}x the floor")
+    growth, floor_growth = site_fleet - site_one, fleet - one
+    ratio = f"  floor {hosts} hosts / 1 host: {fleet / one:.2f}x (the re-run's {site_fleet / site_one:.2f}x)"
+    if growth > 0:
+        ratio += (f"; from 1 to {hosts} hosts the re-run grows {growth:.1f} s, the floor {floor_growth:.2f} s "
+                  f"({100 * floor_growth / growth:.0f}% of the re-run's growth)")
+    else:
+        ratio += f"; the re-run does not grow from 1 to {hosts} hosts (the floor {floor_growth:+.2f} s)"
+    lines.append(ratio)
+    return lines
+
+
+def guest_seconds(proc_root: str | Path = "/proc") -> float:
+    """CPU seconds of the test hosts so far: over every process in proc_root whose PID namespace
+    (its ns/pid link) is not the controller's own (self/ns/pid), utime + stime + cutime + cstime
+    (fields 14-17 of PID/stat, counted after the last ')': the comm field may hold spaces and
+    parentheses), in clock ticks over SC_CLK_TCK. The test hosts are systemd-nspawn containers, each
+    its own PID namespace; every other process in another PID namespace counts too (containers that
+    are not the demo's, e.g. test hosts of other runs on the machine). A process that vanishes or
+    cannot be read (another user's, when not root) is skipped.
+
+    The difference of two readings is a lower bound of the test hosts' CPU between them: a process
+    that exited and was reaped inside a container is still counted, through the cutime/cstime of its
+    parent; one that exited between the two readings and whose parent exited too is missed."""
+    root = Path(proc_root)
+    own = os.readlink(root / "self" / "ns" / "pid")
+    ticks = 0
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.readlink(os.path.join(entry.path, "ns", "pid")) == own:
+                    continue
+                with open(os.path.join(entry.path, "stat"), "rb") as stat:
+                    text = stat.read()
+                # After "pid (comm) ": field 3 (state) is the first, so fields 14-17 are [11:15].
+                fields = text[text.rindex(b")") + 1:].split()
+                if len(fields) < 15:  # cut short while it exited
+                    continue
+                ticks += sum(int(n) for n in fields[11:15])
+            except (OSError, ValueError):  # gone (or a zombie: no ns link), unreadable, or cut short
+                continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_split_line(total_cpu_s: float, guest_cpu_s: float, hosts: int) -> str:
+    """The printed line of a run's CPU per changed host: the machine's busy CPU seconds (total) =
+    the test hosts' (guest_seconds' difference, a lower bound) + the controller's (the rest)."""
+    if hosts < 1:
+        raise ValueError(f"cpu_split_line: hosts must be at least 1 (got {hosts})")
+    total, guest = total_cpu_s / hosts, guest_cpu_s / hosts
+    share = f"{100 * guest_cpu_s / total_cpu_s:.0f}%" if total_cpu_s > 0 else "n/a"
+    return (f"    per changed host: {total:.1f} CPU s = {guest:.1f} test-host CPU s + {total - guest:.1f} controller "
+            f"CPU s (test hosts {share}: processes in other PID namespaces than the controller's, a lower bound)")
+
+
 # --- running ---------------------------------------------------------------------------------------
 
 @dataclass
@@ -120,6 +205,8 @@ class Run:
     wall: float
     cpu: float
     lines: list[tuple[float, str]]
+    # guest_seconds' difference over the run: the part of cpu that the test hosts spent (a lower bound).
+    guest: float = 0.0
 
     @property
     def stdout(self) -> str:
@@ -132,6 +219,11 @@ def stamped(argv: list[str], timeout: float = 3600) -> Run:
            "PYTHONUNBUFFERED": "1", "ANSIBLE_NOCOLOR": "1"}
     for name in ("ANSIBLE_STRATEGY", "ANSIBLE_FORCE_COLOR"):
         env.pop(name, None)
+    # The test hosts' share of the run's CPU, read around the busy window (so that the scan of /proc,
+    # the benchmark's own CPU, is not the run's). A lower bound: a process that exited and was reaped
+    # inside a container is counted through its parent's cutime/cstime, but one that exited between
+    # the two readings together with its parent (a whole ssh session's tree, say) is missed.
+    guest_before = guest_seconds()
     before = rollout_rerun.busy_seconds()
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
@@ -145,7 +237,8 @@ def stamped(argv: list[str], timeout: float = 3600) -> Run:
         rc = proc.wait()
     finally:
         watchdog.cancel()
-    return Run(rc, time.perf_counter() - start, rollout_rerun.busy_seconds() - before, lines)
+    wall, cpu = time.perf_counter() - start, rollout_rerun.busy_seconds() - before
+    return Run(rc, wall, cpu, lines, guest_seconds() - guest_before)
 
 
 class Fleet:
@@ -163,8 +256,8 @@ class Fleet:
     def inventory_args(self) -> list[str]:
         return [arg for source in self.sources for arg in ("-i", str(source))]
 
-    def site(self, limit: str | None = None, extra_vars: Path | None = None) -> Run:
-        argv = [str(BIN / "ansible-playbook"), *self.inventory_args(), str(ROOT / "site.yml")]
+    def site(self, limit: str | None = None, extra_vars: Path | None = None, playbook: Path = ROOT / "site.yml") -> Run:
+        argv = [str(BIN / "ansible-playbook"), *self.inventory_args(), str(playbook)]
         if limit or self.limit:
             argv += ["--limit", limit or self.limit]
         if extra_vars:
@@ -174,7 +267,8 @@ class Fleet:
     def checked_site(self, what: str, **kwargs) -> Run:
         done = self.site(**kwargs)
         if done.rc != 0:
-            raise RuntimeError(f"{what}: site.yml failed (rc {done.rc}); the last lines:\n"
+            name = kwargs["playbook"].name if "playbook" in kwargs else "site.yml"
+            raise RuntimeError(f"{what}: {name} failed (rc {done.rc}); the last lines:\n"
                                + "\n".join(text for _, text in done.lines[-40:]))
         return done
 
@@ -188,23 +282,36 @@ class Fleet:
 
 
 def no_change(fleet: Fleet, runs: int) -> list[str]:
-    """(a): the no-change re-run on one host and on the fleet, medians of runs; the printed lines."""
-    rows = {}
-    for label, limit in (("1 host (--limit demo-1)", fleet.hosts[0]), (f"{len(fleet.hosts)} hosts", None)):
-        walls, last = [], None
-        for _ in range(runs):
-            last = fleet.checked_site(f"no-change re-run, {label}", limit=limit)
-            walls.append(last.wall)
-        converged = rollout_rerun.skipped_as_converged(last.stdout)
-        wanted = 1 if limit else len(fleet.hosts)
-        rows[label] = (statistics.median(walls), walls, len(converged), wanted, rollout_rerun.recap(last.stdout)[0])
-        print(f"  measured: no-change re-run, {label}: {', '.join(f'{w:.1f} s' for w in walls)}", flush=True)
+    """(a): the no-change re-run on one host and on the fleet, medians of runs, and Ansible's floor on
+    the same hosts (the ping play, run after each re-run); the printed lines."""
+    rows, floors = {}, {}
+    # The floor's play in a temp file of its own, removed when the measurements are done.
+    with tempfile.NamedTemporaryFile("w", prefix="fleet-scale-floor-", suffix=".yml", encoding="utf-8") as play:
+        play.write(FLOOR_PLAY)
+        play.flush()
+        floor_play = Path(play.name)
+        for label, limit in (("1 host (--limit demo-1)", fleet.hosts[0]), (f"{len(fleet.hosts)} hosts", None)):
+            walls, floor_walls, last = [], [], None
+            for _ in range(runs):
+                last = fleet.checked_site(f"no-change re-run, {label}", limit=limit)
+                walls.append(last.wall)
+                floor_walls.append(fleet.checked_site(f"Ansible floor, {label}", limit=limit, playbook=floor_play).wall)
+            converged = rollout_rerun.skipped_as_converged(last.stdout)
+            wanted = 1 if limit else len(fleet.hosts)
+            rows[label] = (statistics.median(walls), walls, len(converged), wanted,
+                           rollout_rerun.recap(last.stdout)[0])
+            floors[label] = floor_walls
+            print(f"  measured: no-change re-run, {label}: {', '.join(f'{w:.1f} s' for w in walls)}", flush=True)
+            print(f"  measured: Ansible floor (ping), {label}: {', '.join(f'{w:.2f} s' for w in floor_walls)}",
+                  flush=True)
     lines = [f"no-change re-run of site.yml on the converged fleet (medians of {runs}):"]
     for label, (median, walls, converged, wanted, ok) in rows.items():
         lines.append(f"  {label:<24} {median:6.1f} s (runs: {', '.join(f'{w:.1f}' for w in walls)} s); "
                      f"skipped as converged {converged}/{wanted}; {ok} tasks ok")
     (one, *_), (fleet_s, *_) = rows.values()
     lines.append(f"  {len(fleet.hosts)} hosts / 1 host: {fleet_s / one:.2f}x (target <= {TARGET_FLEET_RATIO:g}x)")
+    floor_one, floor_fleet = floors.values()
+    lines += floor_lines(len(fleet.hosts), runs, floor_one, floor_fleet, one, fleet_s)
     return lines
 
 
@@ -234,6 +341,8 @@ def fleet_run(fleet: Fleet, label: str, extra_vars: Path | None) -> None:
     if oks:
         cpu += f"; tasks ok per changed host {statistics.mean(oks):.0f} (min {min(oks)}, max {max(oks)})"
     lines.append(cpu)
+    if changed:
+        lines.append(cpu_split_line(done.cpu, done.guest, len(changed)))
     for line in lines:
         print(line, flush=True)
 

@@ -1,6 +1,8 @@
 """benchmarks/fleet_scale.py without a fleet: its parsers on captured ansible-playbook output (the serial
 batches and their stamps, PLAY RECAP per host, the demo hosts up), the change it makes, the batch
-play it looks for, and that it skips (exit 0, nothing recorded) when its fleet is not up."""
+play it looks for, and that it skips (exit 0, nothing recorded) when its fleet is not up; Ansible's
+floor (the ping play, how it runs, its printed lines) and the test hosts' CPU (guest_seconds over a
+fake /proc and over the real one, cpu_split_line)."""
 
 from __future__ import annotations
 
@@ -285,3 +287,177 @@ def test_the_install_phases_left_out_are_read_from_the_fast_paths_message():
     assert fleet_scale.rollout_rerun.phases_left_out(out, "demo-3") == []
     assert fleet_scale.rollout_rerun.phases_left_out(out, "demo-1") == []
     assert fleet_scale.rollout_rerun.skipped_as_converged(out) == ["demo-4"]
+
+
+# --- Ansible's floor and the CPU split between the test hosts and the controller ---------------------
+
+def stat_line(pid: int, comm: str, utime: int, stime: int, cutime: int, cstime: int) -> str:
+    """A /proc/PID/stat line as the kernel writes it: pid (comm) state, then fields 4.. (14-17 the times)."""
+    fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194560", "812", "0", "3", "0",
+              str(utime), str(stime), str(cutime), str(cstime), "20", "0", "1", "0", "105028", "2654208", "386"]
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
+
+
+def fake_process(root: Path, pid: int | str, ns: str | None, stat: str | None) -> None:
+    entry = root / str(pid)
+    entry.mkdir()
+    if ns is not None:
+        (entry / "ns").mkdir()
+        (entry / "ns" / "pid").symlink_to(ns)
+    if stat is not None:
+        (entry / "stat").write_text(stat)
+
+
+def test_guest_seconds_sums_the_times_of_the_processes_in_other_pid_namespaces(tmp_path, monkeypatch):
+    (tmp_path / "self" / "ns").mkdir(parents=True)
+    (tmp_path / "self" / "ns" / "pid").symlink_to("pid:[1]")
+    # Two test-host processes; their comm holds spaces and ')' (and numbers after one): only the
+    # fields after the last ')' are the stat's.
+    fake_process(tmp_path, 101, "pid:[2]", stat_line(101, "sglang (main) 7 8 9) x", 150, 30, 7, 3))
+    fake_process(tmp_path, 102, "pid:[2]", stat_line(102, "a) 1 2 3 4 5 6 7 8 9 10 11 12 13 14 (b", 1200, 300, 0, 50))
+    # The controller's own namespace: not counted.
+    fake_process(tmp_path, 1, "pid:[1]", stat_line(1, "ansible-playbook", 90000, 9000, 900, 90))
+    # Vanished between the listing and the reading: no stat, no ns link, a stat cut short, no ')' at all,
+    # and a stat that cannot be read (a directory).
+    fake_process(tmp_path, 201, "pid:[2]", None)
+    fake_process(tmp_path, 202, None, stat_line(202, "gone", 5000, 0, 0, 0))
+    fake_process(tmp_path, 203, "pid:[2]", "203 (cut) S 1 203 203 0 -1 4194560 812 0 3 0 5000\n")
+    fake_process(tmp_path, 204, "pid:[2]", "204 (cut\n")
+    fake_process(tmp_path, 205, "pid:[2]", None)
+    (tmp_path / "205" / "stat").mkdir()
+    # What /proc holds beside the processes is no process.
+    (tmp_path / "stat").write_text("cpu  1 2 3 4\n")
+    (tmp_path / "sys").mkdir()
+    ticks = (150 + 30 + 7 + 3) + (1200 + 300 + 0 + 50)
+    assert fleet_scale.guest_seconds(tmp_path) == ticks / os.sysconf("SC_CLK_TCK")
+    assert fleet_scale.guest_seconds(str(tmp_path)) == ticks / os.sysconf("SC_CLK_TCK")
+    monkeypatch.setattr(fleet_scale.os, "sysconf", lambda name: {"SC_CLK_TCK": 100}[name])
+    assert fleet_scale.guest_seconds(tmp_path) == 17.4
+
+
+def test_guest_seconds_on_the_real_proc_counts_a_process_in_its_own_pid_namespace_only(tmp_path):
+    """The kernel's own ns/pid links and stat: a process started in a new PID namespace (unshare, root
+    only) counts, the controller's own processes (this one) do not."""
+    burn = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.2:\n    pass\n"
+            "print('ready', flush=True)\nsys.stdin.read()\n")
+    try:
+        proc = subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        pytest.skip("no unshare")
+    try:
+        if proc.stdout.readline() != "ready\n":
+            pytest.skip(f"unshare --pid cannot start a process in a new PID namespace here: {proc.stderr.read()}")
+        child = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+
+        def ticks() -> int:
+            stat = Path(f"/proc/{child}/stat").read_text()
+            return sum(int(n) for n in stat.rsplit(")", 1)[1].split()[11:15])
+
+        (tmp_path / "self").symlink_to("/proc/self")
+        for pid in (child, os.getpid(), proc.pid):  # the unshare process is in the controller's namespace
+            (tmp_path / str(pid)).symlink_to(f"/proc/{pid}")
+        before = ticks()
+        assert before >= 0.15 * os.sysconf("SC_CLK_TCK")  # it burned 0.2 s of CPU before it said ready
+        assert fleet_scale.guest_seconds(tmp_path) == before / os.sysconf("SC_CLK_TCK")
+        assert ticks() == before  # it sleeps on its stdin: nothing moved during the reading
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_cpu_split_line_prints_the_total_per_changed_host_as_test_hosts_plus_controller():
+    assert fleet_scale.cpu_split_line(393.8, 240.0, 12) == (
+        "    per changed host: 32.8 CPU s = 20.0 test-host CPU s + 12.8 controller CPU s (test hosts 61%: "
+        "processes in other PID namespaces than the controller's, a lower bound)")
+    assert fleet_scale.cpu_split_line(36.0, 9.0, 1) == (
+        "    per changed host: 36.0 CPU s = 9.0 test-host CPU s + 27.0 controller CPU s (test hosts 25%: "
+        "processes in other PID namespaces than the controller's, a lower bound)")
+    assert fleet_scale.cpu_split_line(0.0, 0.0, 3).startswith(
+        "    per changed host: 0.0 CPU s = 0.0 test-host CPU s + 0.0 controller CPU s (test hosts n/a: ")
+    with pytest.raises(ValueError, match="hosts must be at least 1"):
+        fleet_scale.cpu_split_line(10.0, 5.0, 0)
+
+
+def test_floor_lines_set_the_floor_beside_the_rerun_with_its_own_ratio_and_share_of_the_growth():
+    assert fleet_scale.floor_lines(12, 2, [0.61, 0.59], [1.32, 1.28], 2.0, 4.3) == [
+        "Ansible's floor on the same hosts (one ansible.builtin.ping per host, gather_facts: false; medians of 2):",
+        "  1 host (--limit demo-1)    0.60 s (runs: 0.61, 0.59 s); the re-run 2.0 s = 3.3x the floor",
+        "  12 hosts                   1.30 s (runs: 1.32, 1.28 s); the re-run 4.3 s = 3.3x the floor",
+        "  floor 12 hosts / 1 host: 2.17x (the re-run's 2.15x); from 1 to 12 hosts the re-run grows 2.3 s, "
+        "the floor 0.70 s (30% of the re-run's growth)",
+    ]
+    assert fleet_scale.floor_lines(3, 1, [0.5], [0.6], 2.0, 2.0)[-1] == (
+        "  floor 3 hosts / 1 host: 1.20x (the re-run's 1.00x); the re-run does not grow from 1 to 3 hosts "
+        "(the floor +0.10 s)")
+
+
+def test_the_floor_play_is_one_ping_per_host_without_facts():
+    plays = yaml.safe_load(fleet_scale.FLOOR_PLAY)
+    assert plays == [{"name": "Ansible floor (one ping per host)", "hosts": "sglang_hosts", "gather_facts": False,
+                      "tasks": [{"name": "Ping", "ansible.builtin.ping": None}]}]
+
+
+def test_the_floor_play_runs_one_task_per_host_under_the_real_ansible_playbook(tmp_path):
+    """The floor's play through the benchmark's own runner (ANSIBLE_CONFIG the checkout's), on three
+    local hosts of sglang_hosts: one ok per host, no facts, limited as the 1-host figure is."""
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"sglang_hosts": {"hosts": {
+        name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        for name in ("demo-1", "demo-2", "demo-3")}}}))
+    (tmp_path / "floor.yml").write_text(fleet_scale.FLOOR_PLAY)
+    argv = [str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "floor.yml")]
+    done = fleet_scale.stamped(argv, timeout=300)
+    assert done.rc == 0, done.stdout
+    assert {h: (r["ok"], r["changed"]) for h, r in fleet_scale.rollout_rerun.recap_by_host(done.stdout).items()} == {
+        "demo-1": (1, 0), "demo-2": (1, 0), "demo-3": (1, 0)}, done.stdout
+    assert "Gathering Facts" not in done.stdout
+    one = fleet_scale.stamped([*argv, "--limit", "demo-1"], timeout=300)
+    assert {h: r["ok"] for h, r in fleet_scale.rollout_rerun.recap_by_host(one.stdout).items()} == {"demo-1": 1}
+
+
+def test_the_floor_runs_as_site_yml_does_with_the_same_inventory_and_limit(tmp_path, monkeypatch):
+    argvs = []
+    monkeypatch.setattr(fleet_scale, "stamped", lambda argv: argvs.append(argv) or fleet_scale.Run(0, 1.0, 0.0, []))
+    fleet = fleet_scale.Fleet([f"demo-{i}" for i in range(1, 13)], tmp_path)
+    floor = tmp_path / "floor.yml"
+    fleet.site(limit="demo-1")
+    fleet.site(limit="demo-1", playbook=floor)
+    fleet.site(playbook=floor)
+    inventory = ["-i", str(ROOT / "inventories" / "demo"), "-i", str(tmp_path / "hosts-extra.yml")]
+    playbook = str(fleet_scale.BIN / "ansible-playbook")
+    assert argvs == [[playbook, *inventory, str(ROOT / "site.yml"), "--limit", "demo-1"],
+                     [playbook, *inventory, str(floor), "--limit", "demo-1"],
+                     [playbook, *inventory, str(floor)]]
+
+
+def test_no_change_measures_the_floor_after_each_rerun_from_a_temp_play_it_removes():
+    converged = ("ok: [demo-1] => \n    msg:\n    - 'demo-1: converged: its recorded release is the desired one'\n"
+                 "PLAY RECAP ***\ndemo-1                     : ok=7    changed=0    unreachable=0    failed=0\n")
+
+    class FakeFleet:
+        def __init__(self) -> None:
+            self.hosts = [f"demo-{i}" for i in range(1, 13)]
+            self.calls: list[tuple[str | None, str]] = []
+            self.plays: list[Path] = []
+            self.walls = iter([2.0, 0.61, 1.9, 0.59, 4.3, 1.32, 4.4, 1.28])
+
+        def checked_site(self, what, limit=None, playbook=None):
+            if playbook is not None:
+                assert playbook.read_text() == fleet_scale.FLOOR_PLAY
+                self.plays.append(playbook)
+            self.calls.append((limit, "floor" if playbook else "site"))
+            return fleet_scale.Run(0, next(self.walls), 0.0, [(0.0, line) for line in converged.splitlines()])
+
+    fleet = FakeFleet()
+    lines = fleet_scale.no_change(fleet, 2)
+    assert fleet.calls == [("demo-1", "site"), ("demo-1", "floor")] * 2 + [(None, "site"), (None, "floor")] * 2
+    assert len(set(fleet.plays)) == 1
+    assert not fleet.plays[0].exists()
+    assert lines[:4] == [
+        "no-change re-run of site.yml on the converged fleet (medians of 2):",
+        # The medians 1.95 and 4.35 s (printed as their floats round: 1.9 and 4.3), their ratio 2.23.
+        "  1 host (--limit demo-1)     1.9 s (runs: 2.0, 1.9 s); skipped as converged 1/1; 7 tasks ok",
+        "  12 hosts                    4.3 s (runs: 4.3, 4.4 s); skipped as converged 1/12; 7 tasks ok",
+        "  12 hosts / 1 host: 2.23x (target <= 1.5x)",
+    ]
+    assert lines[4:] == fleet_scale.floor_lines(12, 2, [0.61, 0.59], [1.32, 1.28], 1.95, 4.35)
