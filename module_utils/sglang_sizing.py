@@ -19,7 +19,7 @@ site-packages/sglang/srt/mem_cache/pool_host/base.py): ``HostKVCache._allocate_h
 available memory is psutil's ``virtual_memory().available`` (MemAvailable) bounded by the cgroup's headroom
 (mem_cache/host_memory.py) and the reserve is 10 GiB. Preflight implements the same rule for all ranks
 together (roles/preflight/filter_plugins/preflight.py ``mem_available_findings``: pools + 10 GiB within
-MemAvailable) and the toolkit's own (``ram_findings``: pools + preflight_memory_reserve_gb within MemTotal).
+MemAvailable) and the toolkit's own (``ram_findings``: pools + sglang_service_memory_reserve_gb within MemTotal).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def plan_candidates(inp: Mapping[str, Any]) -> list[dict]:
 
     inp: sizes_gb (whole GB per rank; empty: DEFAULT_SIZES_GB), mem_fractions (floats in (0, 1)), tp,
     mem_total_bytes, mem_available_bytes (with the server stopped: what SGLang will see), reserve_bytes
-    (preflight_memory_reserve_gb in bytes); optional kv_bytes_per_token, mamba_device_bytes, page_size,
+    (sglang_service_memory_reserve_gb in bytes); optional kv_bytes_per_token, mamba_device_bytes, page_size,
     device_tokens_now + mem_fraction_now + gpu_bytes_per_rank, max_candidates.
     """
     sizes_in = inp.get("sizes_gb") or list(DEFAULT_SIZES_GB)
@@ -164,7 +164,7 @@ def plan_candidates(inp: Mapping[str, Any]) -> list[dict]:
                 )
             if pool + reserve > mem_total:
                 reasons.append(
-                    f"the toolkit's RAM reserve: {_gb(pool)} pinned + preflight_memory_reserve_gb "
+                    f"the toolkit's RAM reserve: {_gb(pool)} pinned + sglang_service_memory_reserve_gb "
                     f"{_gb(reserve)} > MemTotal {_gb(mem_total)}"
                 )
             if device is not None and device < 1:
@@ -294,7 +294,7 @@ def recommend(results: Sequence[Mapping[str, Any]], needs: Mapping[str, Any]) ->
         elif left is None or left < reserve:
             reasons[rid] = (
                 f"excluded: {'unknown' if left is None else _gb(left)} RAM left with the server running, "
-                f"below the reserve {_gb(reserve)} (preflight_memory_reserve_gb)"
+                f"below the reserve {_gb(reserve)} (sglang_service_memory_reserve_gb)"
             )
         elif _number(res.get("warm_host_ttft_s")) is None:
             reasons[rid] = "excluded: no warm TTFT from the host tier was measured"

@@ -220,7 +220,7 @@ def build(sweep: Path) -> dict:
         f"- facts: {json.dumps(plan['facts'], sort_keys=True)}",
         f"- needs: at least {needs.get('min_device_tokens')} GPU KV tokens, warm host TTFT within "
         f"{float(needs.get('warm_margin', 0)):.0%} + {float(needs.get('warm_slack_s', 0)) * 1000:g} ms of the best, "
-        f"{float(needs.get('reserve_bytes', 0)) / 1e9:g} GB of RAM left (preflight_memory_reserve_gb)",
+        f"{float(needs.get('reserve_bytes', 0)) / 1e9:g} GB of RAM left (sglang_service_memory_reserve_gb)",
         f"- candidates: {len(rows)} ({sum(r['status'] == 'pruned' for r in rows)} pruned before any start, "
         f"{sum(r['status'] == 'not_run' for r in rows)} not run)",
         "",

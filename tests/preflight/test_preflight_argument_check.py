@@ -30,11 +30,10 @@ BASE = {
     "preflight_check_models": False,
 }
 
-# role -> (variable, a value its spec refuses). None of them stops the service plan from rendering,
-# and none is an option of preflight's main entry point (that one is checked by Ansible on the
-# role's start and fails at once).
+# role -> (variable, a value its spec refuses). None of them stops the service plan from rendering.
+# preflight has none: every option of it is one of its main entry point, which Ansible checks when the
+# role starts and fails at once (test_an_unknown_role_in_preflight_validate_roles_is_refused_naming_it).
 BAD = {
-    "preflight": ("preflight_ram_units", {"a": 1}),
     "rocm": ("rocm_amd_pin_priority", "high"),
     "sglang_venv": ("sglang_venv_keep_releases", "many"),
     "models": ("models_verify_existing", "perhaps"),
@@ -84,15 +83,14 @@ def test_each_roles_own_check_makes_its_wrong_type_a_finding(run, role):
     found = _spec_findings(_findings(run.stdout, "every"), role)
     assert len(found) == 1, found
     assert found[0].startswith(f"argument '{variable}' is of type"), found
-    if role != "preflight":
-        # The role's own entry point did the check (not preflight reading the role's file).
-        assert f"TASK [{role} : Argument check | the {role} role's variables against its argument specs]" in run.stdout
+    # The role's own entry point did the check (not preflight reading the role's file).
+    assert f"TASK [{role} : Argument check | the {role} role's variables against its argument specs]" in run.stdout
 
 
 def test_only_the_roles_of_preflight_validate_roles_are_checked(run):
     findings = _findings(run.stdout, "subset")
     for role in BAD:
-        assert len(_spec_findings(findings, role)) == (1 if role in ("preflight", "models") else 0), (role, findings)
+        assert len(_spec_findings(findings, role)) == (1 if role == "models" else 0), (role, findings)
     assert not [f for f in findings if "were not checked" in f or "could not be checked" in f], findings
 
 

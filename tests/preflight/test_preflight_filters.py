@@ -1,7 +1,7 @@
 """The preflight role's checks as plain functions (roles/preflight/filter_plugins/preflight.py).
 
 Each check returns findings that name the variable and the fix; the SGLang argv check works from
-the flag table read off SGLang 0.5.23's own argparse parser (roles/preflight/files/sglang-flags.json).
+the flag table read off SGLang 0.5.23's own argparse parser (roles/sglang_service/files/sglang-flags.json).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 pf = load("roles/preflight/filter_plugins/preflight.py", "preflight_filters")
-TABLE = json.loads((ROOT / "roles/preflight/files/sglang-flags.json").read_text())
+sc = load("roles/sglang_service/filter_plugins/sglang_service_checks.py", "sglang_service_checks")
+TABLE = json.loads((ROOT / "roles/sglang_service/files/sglang-flags.json").read_text())
 SEED = [
     "--model-path", "/srv/models/main", "--served-model-name", "m", "--host", "127.0.0.1", "--port", "30004",
     "--tp-size", "2", "--quantization", "gptq", "--dtype", "bfloat16", "--mamba-ssm-dtype", "bfloat16",
@@ -41,7 +42,7 @@ def test_the_table_is_sglangs_own():
 
 
 def test_the_seed_command_line_passes():
-    assert pf.sglang_argv(SEED, TABLE) == []
+    assert sc.sglang_argv(SEED, TABLE) == []
 
 
 @pytest.mark.parametrize(
@@ -64,18 +65,18 @@ def test_the_seed_command_line_passes():
     ],
 )
 def test_argv_errors_in_argparses_words(argv, error):
-    errors = pf.sglang_argv(["--model-path", "/m", *argv], TABLE)
+    errors = sc.sglang_argv(["--model-path", "/m", *argv], TABLE)
     assert any(found.startswith(error) for found in errors), errors
 
 
 def test_unique_prefix_and_inline_values_are_accepted():
-    assert pf.sglang_argv(["--model-path=/m", "--hicache-si", "2", "--tp=2"], TABLE) == []
+    assert sc.sglang_argv(["--model-path=/m", "--hicache-si", "2", "--tp=2"], TABLE) == []
 
 
 def test_custom_ranges_add_to_the_defaults_never_replace_them():
-    # Issue 24: preflight_sglang_ranges could switch the built-in ranges off; now both apply.
-    assert pf.sglang_argv(["--tp-size", "0"], TABLE, {}) == ["argument --tp-size: 0 is out of range (must be >= 1)"]
-    assert pf.sglang_argv(["--tp-size", "9"], TABLE, {"--tp-size": {"max": 8}}) == [
+    # Issue 24: sglang_service_flag_ranges could switch the built-in ranges off; now both apply.
+    assert sc.sglang_argv(["--tp-size", "0"], TABLE, {}) == ["argument --tp-size: 0 is out of range (must be >= 1)"]
+    assert sc.sglang_argv(["--tp-size", "9"], TABLE, {"--tp-size": {"max": 8}}) == [
         "argument --tp-size: 9 is out of range (must be <= 8)"
     ]
 
@@ -92,12 +93,14 @@ def _plan(**overrides):
 
 
 SETTINGS = {"profiles": ["seed-validated"], "draft_free_algorithms": ["NGRAM"], "environment": {},
-            "gpus": None, "probe": {"rollout_probe_input_len_canary": 128000, "rollout_probe_input_len": 32000,
+            "gpus": None,
+            # The rollout's probe (preflight_probe_findings; the service's checks ignore it).
+            "probe": {"rollout_probe_input_len_canary": 128000, "rollout_probe_input_len": 32000,
                                     "output_len": 512}}
 
 
 def findings(plan, instances=(), **settings):
-    return pf.service_findings(plan, list(instances), TABLE, {**SETTINGS, **settings})
+    return sc.config_findings(plan, list(instances), TABLE, {**SETTINGS, **settings})
 
 
 def test_a_good_plan_has_no_findings():
@@ -137,8 +140,15 @@ def test_tp_size_against_visible_devices_and_gpus_found():
 
 
 def test_probe_prompt_longer_than_the_context():
-    text = findings([_plan()], probe={**SETTINGS["probe"], "rollout_probe_input_len_canary": 300000})
-    assert "rollout_probe_input_len_canary = 300000 (+ rollout_probe_cold_output_len 512)" in text[0]
+    probe = {**SETTINGS["probe"], "rollout_probe_input_len_canary": 300000}
+    assert pf.probe_findings([_plan()], SETTINGS["probe"]) == []
+    text = pf.probe_findings([_plan()], probe)
+    assert text == [
+        "sglang-main.service: rollout_probe_input_len_canary = 300000 (+ rollout_probe_cold_output_len 512) is longer "
+        "than its --context-length 196608; lower rollout_probe_input_len_canary or raise --context-length."
+    ]
+    # An instance whose profile is unknown is not checked against a context it does not have.
+    assert pf.probe_findings([_plan(profile_known=False)], probe) == []
 
 
 def test_rollout_settings():
@@ -155,12 +165,12 @@ def test_rollout_settings():
 
 def test_ram_one_implementation_for_both_inputs():
     pools = [{"host_pool_gb": 24, "host_pool_label": "main: 2 x 12 GB", "variable": "v"}]
-    assert pf.ram_findings(pools, 64 * 1024, 16, "h") == []
-    [message] = pf.ram_findings(pools, 32 * 1024, 16, "h")
+    assert sc.ram_findings(pools, 64 * 1024, 16, "h") == []
+    [message] = sc.ram_findings(pools, 32 * 1024, 16, "h")
     assert "they need 24 GB of pinned RAM (main: 2 x 12 GB;" in message
-    assert "preflight_memory_reserve_gb = 16 GB, but h has 34.4 GB" in message
+    assert "sglang_service_memory_reserve_gb = 16 GB, but h has 34.4 GB" in message
     assert "Lower v" in message
-    assert pf.ram_findings([], 1, 16) == []
+    assert sc.ram_findings([], 1, 16) == []
 
 
 def test_host_findings():
@@ -179,7 +189,7 @@ def test_host_findings():
 def test_ports_and_argument_specs_and_summary():
     taken = {"rc": 1, "item": {"unit": "u", "port": 22, "bind": "127.0.0.1"},
              "stdout": json.dumps({"conflicts": [{"listen": "127.0.0.1:22", "processes": ["sshd (pid 5)"]}]})}
-    assert pf.port_findings([taken, {"rc": 0}, {"skipped": True}]) == [
+    assert sc.port_findings([taken, {"rc": 0}, {"skipped": True}]) == [
         "u: port 22 on 127.0.0.1 is taken by sshd (pid 5) listening on 127.0.0.1:22; choose another `port` for "
         "this instance in sglang_service_instances or stop that process."]
     passed = {"changed": False, "msg": "The arg spec validation passed"}
@@ -246,3 +256,24 @@ def test_verdict_message_reads_as_before(check_service):
     old = render("RAM{{ (', ' ~ plan | length ~ ' SGLang instance(s) checked') if check | bool else '' }}.", **names)
     new = render("RAM{% if check | bool %}, {{ plan | length }} SGLang instance(s) checked{% endif %}.", **names)
     assert new == old
+
+
+def test_a_renamed_variable_set_in_an_inventory_is_a_finding_naming_the_new_name():
+    assert pf.renamed_findings(["preflight_expected_gpus", "preflight_rocm_dir"]) == []
+    found = pf.renamed_findings(["preflight_sglang_ranges", "preflight_memory_reserve_gb", "preflight_rocm_dir"])
+    assert found == [
+        "preflight_memory_reserve_gb is set but no longer read: the sglang_service role owns this setting now as "
+        "sglang_service_memory_reserve_gb. Rename it to sglang_service_memory_reserve_gb in the inventory.",
+        "preflight_sglang_ranges is set but no longer read: the sglang_service role owns this setting now as "
+        "sglang_service_flag_ranges. Rename it to sglang_service_flag_ranges in the inventory.",
+    ]
+    # Each new name is a default of the sglang_service role, so the rename lands on a variable it reads.
+    import yaml
+
+    defaults = yaml.safe_load((ROOT / "roles/sglang_service/defaults/main.yml").read_text())
+    assert set(pf.RENAMED.values()) <= set(defaults)
+
+
+def test_the_service_findings_message_numbers_each_finding():
+    message = sc.findings_message(["a\n b", "", "c"], "h1", "nothing was installed")
+    assert message == "the sglang_service config has 2 problem(s) on h1; nothing was installed:\n  1. a b\n  2. c"

@@ -13,6 +13,7 @@ from plugins import load
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "rocminfo"
 pf = load(ROOT / "roles" / "preflight" / "filter_plugins" / "preflight.py")
+sc = load("roles/sglang_service/filter_plugins/sglang_service_checks.py", "sglang_service_checks")
 disk = load(ROOT / "module_utils" / "fleet_free_disk.py")
 DEFAULTS = yaml.safe_load((ROOT / "roles" / "preflight" / "defaults" / "main.yml").read_text())
 KERNELS = DEFAULTS["preflight_rocm_supported_kernels"]
@@ -145,27 +146,28 @@ GIB = 1024**3
 
 def test_pools_need_sglang_reserve_within_mem_available():
     fits = f"MemAvailable {24 * 10**9 + 10 * GIB}\n"
-    assert pf.mem_available_findings(POOLS, fits, 10, "h") == []
+    assert sc.mem_available_findings(POOLS, fits, 10, "h") == []
     short = f"MemAvailable {24 * 10**9 + 10 * GIB - 1}\n"
-    (finding,) = pf.mem_available_findings(POOLS, short, 10, "h")
+    (finding,) = sc.mem_available_findings(POOLS, short, 10, "h")
     assert "SGLang would refuse the HiCache host pools on h: they pin 24 GB (main: 2 x 12 GB)" in finding
-    assert "MemAvailable minus its own 10 GiB reserve (preflight_sglang_host_reserve_gib)" in finding
+    assert "MemAvailable minus its own 10 GiB reserve (sglang_service_sglang_reserve_gib)" in finding
     assert "Lower sglang_service_hicache_args['--hicache-size']" in finding
 
 
 def test_memory_held_by_the_plans_running_unit_counts_as_freed_by_the_restart():
     probe = f"MemAvailable {10 * GIB}\nsglang-main.service {24 * 10**9}\n"
-    assert pf.mem_available_findings(POOLS, probe, 10, "h") == []
-    (finding,) = pf.mem_available_findings(POOLS, f"MemAvailable {10 * GIB}\nsglang-main.service {10**9}\n", 10, "h")
+    assert sc.mem_available_findings(POOLS, probe, 10, "h") == []
+    (finding,) = sc.mem_available_findings(POOLS, f"MemAvailable {10 * GIB}\nsglang-main.service {10**9}\n", 10, "h")
     assert "held by sglang-main.service (freed by the restart)" in finding
 
 
 def test_no_pools_or_no_meminfo():
-    assert pf.mem_available_findings([{"gb": 0}], "MemAvailable 1\n", 10) == []
-    (finding,) = pf.mem_available_findings(POOLS, "", 10, "h")
+    assert sc.mem_available_findings([{"gb": 0}], "MemAvailable 1\n", 10) == []
+    (finding,) = sc.mem_available_findings(POOLS, "", 10, "h")
     assert "MemAvailable could not be read" in finding
 
 
 def test_the_reserve_is_sglangs_own_constant():
     """The default is read off sglang 0.5.23 (srt/mem_cache/pool_host/base.py): 10 GiB."""
-    assert DEFAULTS["preflight_sglang_host_reserve_gib"] == 10
+    service = yaml.safe_load((ROOT / "roles" / "sglang_service" / "defaults" / "main.yml").read_text())
+    assert service["sglang_service_sglang_reserve_gib"] == 10

@@ -28,6 +28,7 @@ from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 pi = load("roles/preflight/filter_plugins/preflight_inputs.py", "preflight_inputs")
+sc = load("roles/sglang_service/filter_plugins/sglang_service_checks.py", "sglang_service_checks")
 pf = load("roles/preflight/filter_plugins/preflight.py", "preflight_filters_inputs")
 KEY = "s3cr3t-Key-4242"
 INJECT = "\nExecStartPre=+/bin/sh -c id"
@@ -65,9 +66,9 @@ BAD = [
     ("a cached fraction of 1.5", {"rollout_probe_min_cached_fraction": 1.5}, "rollout_probe_min_cached_fraction"),
     ("a warm/cold ratio of 50", {"rollout_probe_max_warm_cold_ratio": 50}, "rollout_probe_max_warm_cold_ratio"),
     ("a huge repeat count", {"rollout_probe_repeats": 100000}, "rollout_probe_repeats"),
-    ("a negative memory reserve", {"preflight_memory_reserve_gb": -100}, "preflight_memory_reserve_gb"),
+    ("a negative memory reserve", {"sglang_service_memory_reserve_gb": -100}, "sglang_service_memory_reserve_gb"),
     ("ranges that would replace the defaults",
-     {"preflight_sglang_ranges": {"--mem-fraction-static": {"gt": -1}}, "_args": {"--mem-fraction-static": "1.5"}},
+     {"sglang_service_flag_ranges": {"--mem-fraction-static": {"gt": -1}}, "_args": {"--mem-fraction-static": "1.5"}},
      "argument --mem-fraction-static: 1.5 is out of range"),
     ("a plain-http ROCm key", {"rocm_amd_key_url": "http://repo.invalid/rocm.gpg.key"}, "rocm_amd_key_url"),
     ("a MemoryMax with a line break", {"sglang_service_memory_max": "90%" + INJECT}, "sglang_service_memory_max"),
@@ -338,39 +339,39 @@ def _accounts_for(user: str, group: str) -> str:
 
 
 def test_the_filter_passes_a_good_service_config():
-    assert pi.service_input_findings(GOOD_SERVICE) == []
+    assert sc.service_input_findings(GOOD_SERVICE) == []
 
 
 def test_a_pool_larger_than_the_ram_is_left_to_the_ram_check():
     # 65536 MB of RAM: a 128 GB pool does not fit at all; preflight's RAM check says so ("not enough RAM for
     # the HiCache host pools"), not a second finding about a percentage of that RAM.
     big = dict(GOOD_SERVICE, memory_max="90%", pools={"main": 128})
-    assert not any("sglang_service_memory_max" in f for f in pi.service_input_findings(big))
+    assert not any("sglang_service_memory_max" in f for f in sc.service_input_findings(big))
     fits = dict(GOOD_SERVICE, memory_max="50%", pools={"main": 48})
-    assert any("sglang_service_memory_max = '50%'" in f for f in pi.service_input_findings(fits))
+    assert any("sglang_service_memory_max = '50%'" in f for f in sc.service_input_findings(fits))
 
 
 @pytest.mark.parametrize("value", ["infinity", "90%", "100%", "24G", "25000000000", 25000000000, "1T"])
 def test_the_filter_passes_memory_max_values_that_hold_the_pool(value):
-    assert pi.service_input_findings(dict(GOOD_SERVICE, memory_max=value)) == []
+    assert sc.service_input_findings(dict(GOOD_SERVICE, memory_max=value)) == []
     # A percentage is not checked against RAM the host did not report.
-    assert pi.service_input_findings(dict(GOOD_SERVICE, memory_max="1%", memtotal_mb=None)) == []
+    assert sc.service_input_findings(dict(GOOD_SERVICE, memory_max="1%", memtotal_mb=None)) == []
 
 
 @pytest.mark.parametrize(("key", "value", "names"), SERVICE_BAD, ids=[f"{r[0]}-{i}" for i, r in enumerate(SERVICE_BAD)])
 def test_the_filter_refuses_each_service_class(key, value, names):
     inputs = dict(GOOD_SERVICE, **{key: value})
     inputs["accounts"] = _accounts_for(str(inputs["user"]), str(inputs["group"]))
-    found = pi.service_input_findings(inputs)
+    found = sc.service_input_findings(inputs)
     assert any(names in finding for finding in found), found
     assert all(KEY not in finding for finding in found)
 
 
 def test_unit_extra_unsafe_is_the_named_override_but_never_for_control_characters():
     inputs = dict(GOOD_SERVICE, unit_extra=["User=root"], unit_extra_unsafe=True)
-    assert pi.service_input_findings(inputs) == []
+    assert sc.service_input_findings(inputs) == []
     inputs["unit_extra"] = ["User=root\nExecStartPre=+/bin/id"]
-    assert any("is not one `Directive=value` line" in f for f in pi.service_input_findings(inputs))
+    assert any("is not one `Directive=value` line" in f for f in sc.service_input_findings(inputs))
 
 
 GOOD_RUN = {
@@ -379,8 +380,7 @@ GOOD_RUN = {
               "rollout_probe_min_cached_fraction": "0.9", "rollout_probe_max_warm_ttft_s": None,
               "rollout_probe_max_regression": 1.0, "rollout_probe_regression_slack_ms": 250},
     "booleans": {"rollout_probe_use_baseline": "false", "rollout_fast_path": True},
-    "knobs": {"preflight_memory_reserve_gb": 16, "preflight_expected_gpus": "2"},
-    "ranges": {"--mem-fraction-static": {"lt": 0.95}},
+    "knobs": {"preflight_expected_gpus": "2"},
     "host": "node-1.example.org",
     "rocm_key_url": "https://repo.radeon.invalid/rocm/rocm.gpg.key",
     "secrets": {"rollout_router_api_key": ""},
@@ -392,10 +392,8 @@ RUN_BAD = [
     ("probe", {"rollout_probe_repeats": 10**6}, "rollout_probe_repeats"),
     ("probe", {"rollout_probe_repeats": "3\n"}, "rollout_probe_repeats = '3\\n' is not a whole number"),
     ("booleans", {"rollout_probe_use_baseline": "flase"}, "rollout_probe_use_baseline = 'flase' is not a boolean"),
-    ("knobs", {"preflight_memory_reserve_gb": -1}, "preflight_memory_reserve_gb = -1 is out of range"),
     ("knobs", {"preflight_mamba_device_bytes": -1}, "preflight_mamba_device_bytes = -1 is out of range"),
     ("knobs", {"preflight_probe_device_tokens": "1.5"}, "preflight_probe_device_tokens"),
-    ("ranges", {"--port": {"min": "x"}}, "preflight_sglang_ranges['--port']"),
     ("host", "../../etc/x", "the inventory host name '../../etc/x'"),
     ("host", "node\n", "the inventory host name"),
     ("rocm_key_url", "http://repo.invalid/rocm.gpg.key", "rocm_amd_key_url"),
@@ -443,16 +441,16 @@ def test_the_router_url_finding_does_not_repeat_its_password():
 
 
 def test_user_ranges_add_to_the_built_in_ones_never_replace_them():
-    table = json.loads((ROOT / "roles/preflight/files/sglang-flags.json").read_text())
-    errors = pf.sglang_argv(["--mem-fraction-static", "1.5"], table, {"--mem-fraction-static": {"gt": -1}})
+    table = json.loads((ROOT / "roles/sglang_service/files/sglang-flags.json").read_text())
+    errors = sc.sglang_argv(["--mem-fraction-static", "1.5"], table, {"--mem-fraction-static": {"gt": -1}})
     assert any("out of range" in e for e in errors)
-    errors = pf.sglang_argv(["--mem-fraction-static", "0.97"], table, {"--mem-fraction-static": {"lt": 0.95}})
+    errors = sc.sglang_argv(["--mem-fraction-static", "0.97"], table, {"--mem-fraction-static": {"lt": 0.95}})
     assert any("< 0.95" in e for e in errors)
 
 
 def test_names_and_batches_are_full_string_matches():
     plan = [{"name": "main\n", "unit": "sglang-main.service", "port": 30004, "profile": "p", "profile_known": True}]
-    found = pf.service_findings(plan, [], {}, {"profiles": ["p"]})
+    found = sc.config_findings(plan, [], {}, {"profiles": ["p"]})
     assert any("is not valid" in f for f in found)
     found = pf.rollout_findings({"batches": ["25%\n"], "probe": {}})
     assert any("is not a batch size" in f for f in found)
@@ -462,7 +460,7 @@ def test_every_role_that_creates_the_service_user_marks_it_as_preflight_expects(
     """rocm creates the service user before sglang_service does (rocm_service_users): both must set the
     GECOS mark preflight knows the toolkit's account by, or the stage's check refuses the account the
     ROCm phase created a minute earlier."""
-    marker = pi.ACCOUNT_MARKER
+    marker = sc.ACCOUNT_MARKER
     rocm = yaml.safe_load((ROOT / "roles/rocm/defaults/main.yml").read_text())
     assert rocm["rocm_service_user_comment"] == marker
     assert "comment: \"{{ rocm_service_user_comment }}\"" in (ROOT / "roles/rocm/tasks/users.yml").read_text()
@@ -486,3 +484,24 @@ def test_a_host_whose_plan_rendered_fails_closed_beside_one_whose_plan_did_not(t
     assert "preflight found" in run.stdout
     assert "on broken" in run.stdout
     assert "another host's plan failed in the same task" in " ".join(run.stdout.split())
+
+
+# The sglang_service role's own knobs (sglang_service_knob_findings): its reserves and flag ranges.
+GOOD_KNOBS = {"sglang_service_memory_reserve_gb": 16, "sglang_service_sglang_reserve_gib": "10",
+              "sglang_service_flag_ranges": {"--mem-fraction-static": {"lt": 0.95}}}
+KNOBS_BAD = [
+    ({"sglang_service_memory_reserve_gb": -1}, "sglang_service_memory_reserve_gb = -1 is out of range"),
+    ({"sglang_service_sglang_reserve_gib": "ten"}, "sglang_service_sglang_reserve_gib = 'ten' is not a number"),
+    ({"sglang_service_flag_ranges": {"--port": {"min": "x"}}}, "sglang_service_flag_ranges['--port']"),
+    ({"sglang_service_flag_ranges": ["--port"]}, "sglang_service_flag_ranges = ['--port'] is not a mapping"),
+]
+
+
+def test_the_service_knobs_pass_good_values():
+    assert sc.knob_findings(GOOD_KNOBS) == []
+
+
+@pytest.mark.parametrize(("value", "names"), KNOBS_BAD, ids=[str(i) for i in range(len(KNOBS_BAD))])
+def test_the_service_knobs_refuse_each_bad_value(value, names):
+    found = sc.knob_findings({**GOOD_KNOBS, **value})
+    assert len(found) == 1 and names in found[0], found

@@ -14,8 +14,9 @@ from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 pf = load("roles/preflight/filter_plugins/preflight.py", "preflight_filters")
+sc = load("roles/sglang_service/filter_plugins/sglang_service_checks.py", "sglang_service_checks")
 host_tokens = load("module_utils/sglang_pool_plan.py", "sglang_pool_plan").host_tokens
-TABLE = json.loads((ROOT / "roles/preflight/files/sglang-flags.json").read_text())
+TABLE = json.loads((ROOT / "roles/sglang_service/files/sglang-flags.json").read_text())
 DEMO = yaml.safe_load((ROOT / "inventories/demo/group_vars/sglang_hosts/demo.yml").read_text())
 
 
@@ -41,12 +42,16 @@ def _settings(**probe):
 
 
 def test_the_demo_config_passes():
-    assert pf.service_findings([_plan(DEMO["sglang_service_hicache_args"])], [], TABLE, _settings()) == []
+    plan = [_plan(DEMO["sglang_service_hicache_args"])]
+    assert sc.config_findings(plan, [], TABLE, _settings()) == []
+    assert pf.probe_findings(plan, _settings()["probe"]) == []
 
 
 def test_a_too_small_hicache_size_is_refused_naming_the_variables():
     args = {**DEMO["sglang_service_hicache_args"], "--hicache-size": 6}
-    found = pf.service_findings([_plan(args)], [], TABLE, _settings())
+    # The service's own checks pass it (the pool is the rollout's probe's concern): preflight refuses it.
+    assert sc.config_findings([_plan(args)], [], TABLE, _settings()) == []
+    found = pf.probe_findings([_plan(args)], _settings()["probe"])
     assert len(found) == 2  # the canary's 48K and the 32K probe: 6 GB hold 131,046 KV tokens (KV share 0.7157)
     canary = found[0]
     assert "holds 131046 tokens per rank" in canary
@@ -125,7 +130,7 @@ def test_preflight_sizes_the_pool_as_the_pool_plan_does(args, page):
 
 
 def test_the_service_task_passes_both_variables():
-    task = (ROOT / "roles/preflight/tasks/service.yml").read_text()
+    task = (ROOT / "roles/preflight/tasks/rollout.yml").read_text()
     assert 'device_tokens: "{{ preflight_probe_device_tokens }}"' in task
     assert 'kv_bytes_per_token: "{{ preflight_kv_bytes_per_token }}"' in task
     assert 'mamba_device_bytes: "{{ preflight_mamba_device_bytes }}"' in task

@@ -84,7 +84,7 @@ def test_toolkit_reserve_rule_names_the_figures():
     s31 = cands["s31-f0.80"]
     assert s31["status"] == "pruned"
     assert s31["reason"] == (
-        "the toolkit's RAM reserve: 62.0 GB pinned + preflight_memory_reserve_gb 4.0 GB > MemTotal 64.0 GB"
+        "the toolkit's RAM reserve: 62.0 GB pinned + sglang_service_memory_reserve_gb 4.0 GB > MemTotal 64.0 GB"
     )
 
 

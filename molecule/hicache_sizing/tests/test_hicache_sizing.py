@@ -29,7 +29,7 @@ ROUTER = "http://127.0.28.250:30100"
 ADDRESS = {"sizing-1": "127.0.28.1", "sizing-2": "127.0.28.2"}
 RAM_GB = {"sizing-1": 48, "sizing-2": 256}
 TP = 2
-RESERVE_GB = 4  # inventories/demo preflight_memory_reserve_gb
+RESERVE_GB = 4  # inventories/demo sglang_service_memory_reserve_gb
 SGLANG_RESERVE = 10 * 1024**3  # SGLang 0.5.23's own host-memory reserve
 
 

@@ -1,6 +1,7 @@
-"""The service checks run once per plan and run: sglang_service's stage does not repeat what
-preflight checked in the same run, and a plan that changed in between is checked again. Real Ansible
-on localhost: the sglang_service plan, then preflight's `service` entry point (as the stage calls it)."""
+"""The service checks run once per plan and run: a plan that passed them (sglang_service_validated) is not
+checked again (preflight's call of the entry point check, then the stage's validate, share tasks/checks.yml),
+and a plan that changed in between is checked again. Real Ansible on localhost: sglang_service's entry point
+check, three times."""
 
 from __future__ import annotations
 
@@ -12,31 +13,25 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PORT_TASK = "Service | who holds each instance's port on the host"
+PORT_TASK = "Checks | who holds each instance's port on the host"
 
 PLAYBOOK = """
 - hosts: localhost
   connection: local
   gather_facts: false
   tasks:
-    - name: Plan
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
     - name: Check (1)
-      ansible.builtin.include_role: {name: preflight, tasks_from: service}
-    - name: Plan again, nothing changed
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
-    - name: Check (2)
-      ansible.builtin.include_role: {name: preflight, tasks_from: service}
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
+    - name: Check (2), nothing changed
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
     - name: A change between the two (the environment)
       ansible.builtin.set_fact:
         sglang_service_environment: "{{ sglang_service_environment | combine({'HICACHE_FLEET_TEST': '1'}) }}"
-    - name: Plan after the change
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
     - name: Check (3)
-      ansible.builtin.include_role: {name: preflight, tasks_from: service}
-    - name: Say the digest
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
+    - name: Say the digest and the findings
       ansible.builtin.debug:
-        msg: "passed {{ preflight_service_passed }}"
+        msg: "passed {{ sglang_service_validated }} findings {{ sglang_service_findings | length }}"
 """
 
 
@@ -59,6 +54,6 @@ def test_a_plan_is_checked_once_per_run_and_again_after_a_change(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     # The port check ran in checks 1 and 3, not in 2 (the same plan, already passed).
-    ran = re.findall(r"TASK \[preflight : " + re.escape(PORT_TASK) + r"\][^\n]*\n(ok|skipping)", run.stdout)
+    ran = re.findall(r"TASK \[sglang_service : " + re.escape(PORT_TASK) + r"\][^\n]*\n(ok|skipping)", run.stdout)
     assert ran == ["ok", "ok"], run.stdout[-6000:]
-    assert re.search(r"passed [0-9a-f]{64}", run.stdout), run.stdout[-2000:]
+    assert re.search(r"passed [0-9a-f]{64} findings\s+0", run.stdout), run.stdout[-2000:]

@@ -1,7 +1,7 @@
 """On a simulator host the RAM rules check the RAM the simulator was told (SGLANG_SIM_HOST_MEM_GB), which
 stands for the machine's there: a sizing measured for a 256 GB host class passes preflight on a test host
 told 256 GB and is refused, naming the figures, on one told 48 GB (whatever this machine has). Real
-Ansible on localhost: the sglang_service plan, then preflight's `service` entry point."""
+Ansible on localhost: sglang_service's entry point check, failing with its findings."""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ PLAYBOOK = """
   connection: local
   gather_facts: false
   tasks:
-    - name: Plan
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
     - name: Check
-      ansible.builtin.include_role: {name: preflight, tasks_from: service}
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
+    - name: Fail with the findings
+      ansible.builtin.fail:
+        msg: "{{ sglang_service_findings | join(' | ') }}"
+      when: sglang_service_findings | length > 0
 """
 
 
@@ -37,7 +39,7 @@ def _run(tmp_path: Path, told_gb: str) -> subprocess.CompletedProcess:
         "sglang_service_platform": "none",
         "sglang_service_hicache_args": {"--enable-hierarchical-cache": True, "--hicache-size": 96},
         "sglang_service_environment": {"SGLANG_SIM_HOST_MEM_GB": told_gb},
-        "preflight_memory_reserve_gb": 16,
+        "sglang_service_memory_reserve_gb": 16,
         "sglang_service_instances": [{"name": "main", "port": 30988}],
     }
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1")

@@ -16,6 +16,7 @@ from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
 pf = load(ROOT / "roles" / "preflight" / "filter_plugins" / "preflight.py")
+sc = load("roles/sglang_service/filter_plugins/sglang_service_checks.py", "sglang_service_checks")
 disk = load(ROOT / "module_utils" / "fleet_free_disk.py")
 
 L3 = {"root": "/var/lib/sglang/l3", "dir": "/var/lib/sglang/l3/main/0123456789abcdef", "id": "0123456789abcdef",
@@ -28,12 +29,12 @@ def entry(**extra) -> dict:
 
 
 def test_a_sound_tier_has_no_finding():
-    assert pf.l3_findings([entry()]) == []
-    assert pf.l3_findings([entry(l3_requested=False, l3={})]) == []
+    assert sc.l3_findings([entry()]) == []
+    assert sc.l3_findings([entry(l3_requested=False, l3={})]) == []
 
 
 def test_tier_without_hicache_is_refused_naming_the_variables():
-    (finding,) = pf.l3_findings([entry(hicache=False, l3={})])
+    (finding,) = sc.l3_findings([entry(hicache=False, l3={})])
     assert "sglang-main.service" in finding
     assert "needs HiCache" in finding
     assert "sglang_service_l3_enabled" in finding
@@ -41,26 +42,26 @@ def test_tier_without_hicache_is_refused_naming_the_variables():
 
 
 def test_limit_ratio_and_backend():
-    (finding,) = pf.l3_findings([entry(l3={**L3, "max_size_bytes": 0})])
+    (finding,) = sc.l3_findings([entry(l3={**L3, "max_size_bytes": 0})])
     assert "set sglang_service_l3_max_size_gb" in finding
-    (finding,) = pf.l3_findings([entry(l3={**L3, "eviction_ratio": 1.5})])
+    (finding,) = sc.l3_findings([entry(l3={**L3, "eviction_ratio": 1.5})])
     assert "sglang_service_l3_eviction_ratio = 1.5 is not in (0, 1]" in finding
-    (finding,) = pf.l3_findings([entry(args={"--hicache-storage-backend": "nixl"})])
+    (finding,) = sc.l3_findings([entry(args={"--hicache-storage-backend": "nixl"})])
     assert "--hicache-storage-backend nixl" in finding
 
 
 def test_directory_overlapping_a_state_directory_is_refused():
     named_l3 = entry(name="l3", unit="sglang-l3.service", state_dir="/var/lib/sglang/l3", l3_requested=False, l3={})
-    (finding,) = pf.l3_findings([entry(), named_l3])
+    (finding,) = sc.l3_findings([entry(), named_l3])
     assert "sglang_service_l3_dir = /var/lib/sglang/l3 overlaps the state directory of instance l3" in finding
-    assert pf.l3_findings([entry(), entry(name="two", state_dir="/var/lib/sglang/two")]) == []
+    assert sc.l3_findings([entry(), entry(name="two", state_dir="/var/lib/sglang/two")]) == []
 
 
 def test_disk_need_is_the_limit_less_what_the_directory_holds():
     plan = [entry(), entry(name="two", l3={**L3, "dir": "/var/lib/sglang/l3/two/x"}), entry(name="off", l3={})]
     used = [{"item": {"name": "main"}, "rc": 0, "stdout": "20000000000\t/var/lib/sglang/l3/main/0123456789abcdef"},
             {"item": {"name": "two"}, "rc": 1, "stdout": ""}]
-    needs = pf.l3_disk_needs(plan, used)
+    needs = sc.l3_disk_needs(plan, used)
     assert [(n["path"], n["need_bytes"]) for n in needs] == [(L3["dir"], 30_000_000_000),
                                                            ("/var/lib/sglang/l3/two/x", 50_000_000_000)]
     assert "sglang_service_l3_max_size_gb = 50 GB" in needs[0]["what"]
@@ -76,13 +77,15 @@ PLAYBOOK = """
   connection: local
   gather_facts: false
   tasks:
-    - name: Plan
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: plan, public: true}
     - name: Check
-      ansible.builtin.include_role: {name: preflight, tasks_from: service}
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
+    - name: Fail with the findings
+      ansible.builtin.fail:
+        msg: "{{ sglang_service_findings | join(' | ') }}"
+      when: sglang_service_findings | length > 0
     - name: Passed
       ansible.builtin.debug:
-        msg: "L3 PASSED {{ _sglang_service_plan[0].l3.dir }}"
+        msg: "L3 PASSED {{ sglang_service_plan[0].l3.dir }}"
 """
 
 
@@ -124,7 +127,7 @@ def test_a_limit_that_fits_passes(tmp_path):
 
 
 def test_the_service_checks_include_the_tiers():
-    table = json.loads((ROOT / "roles" / "preflight" / "files" / "sglang-flags.json").read_text())
+    table = json.loads((ROOT / "roles" / "sglang_service" / "files" / "sglang-flags.json").read_text())
     plan = [entry(hicache=False, l3={}, port=30987, bind="127.0.0.1", profile="p", profile_known=True, argv=[])]
-    found = pf.service_findings(plan, [{"name": "main", "port": 30987}], table, {"profiles": ["p"]})
+    found = sc.config_findings(plan, [{"name": "main", "port": 30987}], table, {"profiles": ["p"]})
     assert any("needs HiCache" in finding for finding in found), found
