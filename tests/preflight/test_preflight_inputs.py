@@ -504,4 +504,5 @@ def test_the_service_knobs_pass_good_values():
 @pytest.mark.parametrize(("value", "names"), KNOBS_BAD, ids=[str(i) for i in range(len(KNOBS_BAD))])
 def test_the_service_knobs_refuse_each_bad_value(value, names):
     found = sc.knob_findings({**GOOD_KNOBS, **value})
-    assert len(found) == 1 and names in found[0], found
+    assert len(found) == 1, found
+    assert names in found[0], found

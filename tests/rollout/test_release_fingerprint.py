@@ -84,7 +84,8 @@ def test_the_toolkits_own_files_change_it_but_not_its_docs(project):
 
 def test_a_value_that_cannot_be_templated_yet_counts_by_its_raw_text(project):
     raw = {"sglang_service_memory_reserve_gb": "{{ ansible_memtotal_mb // 2048 }}", "rocm_version": "7.2"}
-    values = Templating({"sglang_service_memory_reserve_gb": None, "rocm_version": "7.2"}, {"sglang_service_memory_reserve_gb"})
+    values = Templating({"sglang_service_memory_reserve_gb": None, "rocm_version": "7.2"},
+                        {"sglang_service_memory_reserve_gb"})
     first = fingerprint(project, values, raw)
     assert first == fingerprint(project, values, dict(raw))
     raw_changed = {**raw, "sglang_service_memory_reserve_gb": "{{ ansible_memtotal_mb // 4096 }}"}

@@ -1,26 +1,21 @@
 """Filters of the preflight role: every check as a plain function that returns its findings.
 
 A finding is one string that says what is wrong, names the variable and says how to fix it. The
-role collects them per host and fails once with the list (``preflight_summary``). Each function is
-the only implementation of its check: the sglang_service role reuses them through
-``include_role: preflight, tasks_from: service | ram``. The free-disk check is the module
-library/fleet_free_disk.py (module_utils/fleet_free_disk.py), which the models role calls too.
+role collects them per host and fails once with the list (``preflight_summary``). The checks of the
+SGLang service config are the sglang_service role's own (its entry point check, which preflight
+calls); the free-disk check is the module library/fleet_free_disk.py, which the models and
+sglang_service roles call too.
 
 - ``preflight_host_findings(facts, settings)``: OS, init, Python, GPU agents (rocminfo).
-- ``preflight_ram_findings(pools, memtotal_mb, reserve_gb, host)``: HiCache host pools vs RAM.
-- ``preflight_sglang_argv(argv, table, ranges)``: argv against SGLang's own flag table
-  (files/sglang-flags.json, read off its argparse parser): unknown and ambiguous flags, values,
-  types, choices, plus ranges argparse does not check.
-- ``preflight_service_findings(plan, instances, table, settings)``: the sglang_service plan: names,
-  ports, profiles, public bind without a key, TP size vs GPUs, HiCache rules, probe prompt length.
+- ``preflight_probe_findings(plan, probe)``: the rollout's probe against the service plan: the
+  probe prompt within --context-length, and the host pool holding the probed prefix plus its filler.
 - ``preflight_rollout_findings(settings)``: batches, probe settings, package set.
-- ``preflight_port_findings(results)``: ports held by other processes (check_port.py output).
+- ``preflight_renamed_findings(names)``: a renamed variable (now the sglang_service role's) still set.
 - ``preflight_kernel_findings(facts, settings)``: the running kernel against the ROCm release's list.
 - ``preflight_secure_boot_findings(probe, settings)``: Secure Boot with AMD's DKMS amdgpu module.
 - ``preflight_gpu_agents(rocminfo)`` / ``preflight_other_gpu_findings(rocminfo, settings)``: rocminfo's
   GPU agents; a GPU agent that is not the expected gfx target (an enabled iGPU).
-- ``preflight_mem_available_findings(pools, probe, reserve_gib, host)``: the pinned pools against
-  MemAvailable with SGLang 0.5.23's own rule.
+- ``preflight_argument_spec_findings(checks, roles)``: each role's argument_check errors.
 - ``preflight_summary(findings, host)``: the one message per host.
 - ``preflight_rocminfo(result, stderr=false)``: what the rocminfo run printed, none when it did not run.
 - ``preflight_gpus_counted(rocminfo, arch, expected)``: the GPU agents found, none when rocminfo did
@@ -42,7 +37,6 @@ except ImportError:  # plain-Python use (unit tests without Ansible)
     AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
 
 _PERCENT = re.compile(r"([0-9]+)%")
-_HICACHE_FLAG = re.compile(r"^--(enable-hierarchical-cache|enable-hicache|hicache-)")
 
 
 # --- host -------------------------------------------------------------------------------------------
@@ -237,7 +231,7 @@ def other_gpu_findings(rocminfo: Any, settings: Mapping[str, Any]) -> list[str]:
 # --- SGLang argv against its flag table -------------------------------------------------------------
 
 
-# --- the sglang_service plan ------------------------------------------------------------------------
+# --- the rollout's probe against the sglang_service plan -------------------------------------------
 
 
 # The probe module's default filler_factor (module_utils/sglang_probe_measure.py ARGUMENT_SPEC), which the

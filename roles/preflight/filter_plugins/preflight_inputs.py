@@ -1,18 +1,10 @@
-"""Filters of the preflight role: every input's type, range and charset, before any host changes.
+"""Filters of the preflight role: the rollout's inputs' type, range and charset, before any host changes.
 
-Issue 24 ("No way in"). A value that reaches a systemd unit, an env file, a path or an HTTP header is
-checked here, on the controller, with full-string matches (``re.fullmatch``; never ``$``, which
-accepts a trailing newline). Each finding names the variable and the fix and never echoes a key.
+Issue 24 ("No way in"). A value that reaches a report path, a URL or an HTTP header is checked here,
+on the controller (the sglang_service inputs by that role's own checks), with full-string matches
+(``re.fullmatch``; never ``$``, which accepts a trailing newline). Each finding names the variable
+and the fix and never echoes a key.
 
-- ``preflight_service_input_findings(inputs)``: the sglang_service inputs (called from
-  ``tasks/service.yml``, so preflight's run and sglang_service's stage both check them): control
-  characters anywhere, profile and instance names, env names, device specs, syscall groups, IP
-  entries, supplementary groups, unit_extra directives, read_write_paths, directories, secret flags
-  in argv, api keys, MemoryMax/TasksMax (a MemoryMax below an instance's host pool), and the service
-  user and group against the host's accounts (``getent``).
-- ``preflight_instance_environments(instances)`` / ``preflight_instance_secrets(instances, key, admin)``:
-  the instances' environments and keys by variable path, for the two above.
-- ``preflight_plan_failure(result, action)``: the finding for a sglang_service plan that failed.
 - ``preflight_models_plan_findings(result, action)``: the findings of a models plan that failed (each
   problem it names: a manifest path, a link out of sync_src, a manifest file that cannot be read).
 - ``preflight_run_input_findings(inputs)``: the rollout gate's thresholds and booleans, preflight's

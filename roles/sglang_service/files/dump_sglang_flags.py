@@ -2,12 +2,12 @@
 """Write SGLang's launch flag table as JSON, read off its own argparse parser.
 
 Usage (with a python that can import the pinned SGLang, e.g. a test-minimal venv):
-    <venv>/bin/python roles/preflight/files/dump_sglang_flags.py > roles/preflight/files/sglang-flags.json
+    <venv>/bin/python roles/sglang_service/files/dump_sglang_flags.py > roles/sglang_service/files/sglang-flags.json
 
 Builds the parser exactly as `prepare_server_args` does (argparse.ArgumentParser(prog="sglang
 serve") + ServerArgs.add_cli_args) and records, per option string: its destination, the kind of
 value (switch, int, float, str, or the converter's name), choices, nargs and whether argparse's
-abbreviation matching applies. preflight's filter (preflight_sglang_argv) checks a rendered argv
+abbreviation matching applies. the role's checks (sglang_service_argv_findings) check a rendered argv
 against this table on the controller, before any host is touched.
 """
 

@@ -273,7 +273,7 @@ def l3_identity(args: Mapping[str, Any], sglang_release: Any) -> dict[str, Any]:
 
 def l3_args(args: Mapping[str, Any], on: Any) -> dict[str, Any]:
     """`args` with ``--hicache-storage-backend file`` before ``--host`` when the L3 tier is `on` (a
-    backend the args already name stays: preflight refuses one other than ``file``)."""
+    backend the args already name stays: the role's checks refuse one other than ``file``)."""
     if not on or "--hicache-storage-backend" in (args or {}):
         return dict(args or {})
     out: dict[str, Any] = {}

@@ -445,7 +445,7 @@ def _limit_findings(inputs: Mapping[str, Any]) -> list[str]:
         for name, gb in (pools.items() if isinstance(pools, Mapping) else []):
             pool = _number(gb) or 0
             if text.endswith("%") and limit is not None and pool * 1e9 > int(inputs["memtotal_mb"]) * 1024 * 1024:
-                continue  # a pool larger than the RAM itself: preflight's RAM check names that
+                continue  # a pool larger than the RAM itself: the RAM check names that
             if limit is not None and pool and limit < pool * 1e9:
                 here = f"of this host's RAM ({limit / 1e9:.1f} GB)" if text.endswith("%") else f"({limit / 1e9:.1f} GB)"
                 found.append(
@@ -927,7 +927,7 @@ def l3_findings(plan: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(found))
 
 def l3_disk_needs(plan: Sequence[Mapping[str, Any]], used: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Free disk the L3 tiers need (preflight tasks/disk.yml's needs): each instance's size limit less
+    """Free disk the L3 tiers need (library/fleet_free_disk's needs): each instance's size limit less
     what its identity's directory already holds (`used`: registered `du -sb` results per plan entry;
     a directory not there yet holds nothing). Summed per filesystem by library/fleet_free_disk.py."""
     held: dict[str, int] = {}
