@@ -35,21 +35,21 @@ Restart=on-failure
 )
 def test_exec_python_reads_what_the_role_wrote(python):
     unit = UNIT.format(python=SERVICE.systemd_quote(python))
-    assert AB.exec_python(unit) == python
+    assert SERVICE.exec_python(unit) == python
 
 
 def test_exec_python_without_execstart_fails():
-    with pytest.raises(AB.AnsibleFilterError, match="no ExecStart"):
-        AB.exec_python("[Service]\nType=exec\nExecStart=\n")
+    with pytest.raises(SERVICE.AnsibleFilterError, match="no ExecStart"):
+        SERVICE.exec_python("[Service]\nType=exec\nExecStart=\n")
 
 
 def test_flag_value():
     argv = ["--model-path", "/srv/models/m", "--enable-cache-report", "--speculative-draft-model-path=/d", "--x"]
-    assert AB.flag_value(argv, "--model-path") == "/srv/models/m"
-    assert AB.flag_value(argv, "--speculative-draft-model-path") == "/d"
-    assert AB.flag_value(argv, "--enable-cache-report") == ""
-    assert AB.flag_value(argv, "--x") == ""
-    assert AB.flag_value(argv, "--absent") == ""
+    assert SERVICE.argv_value(argv, "--model-path") == "/srv/models/m"
+    assert SERVICE.argv_value(argv, "--speculative-draft-model-path") == "/d"
+    assert SERVICE.argv_value(argv, "--enable-cache-report") == ""
+    assert SERVICE.argv_value(argv, "--x") == ""
+    assert SERVICE.argv_value(argv, "--absent") == ""
 
 
 # --- the filters that replaced inline ternaries: each against the old expression -------------------
@@ -85,7 +85,7 @@ def test_probe_url(bind, port):
 @pytest.mark.parametrize("stat", [{"exists": True, "islnk": True, "lnk_source": "/var/lib/sglang/main/releases/a"},
                                   {"exists": True, "islnk": False}, {"exists": False}])
 def test_link_source(stat):
-    assert AB.link_source(stat) == expr("s.lnk_source if s.islnk | default(false) else ''", s=stat)
+    assert SERVICE.link_source(stat) == expr("s.lnk_source if s.islnk | default(false) else ''", s=stat)
 
 
 def _figures(tag):

@@ -44,6 +44,11 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
 - ``sglang_service_l3_args(args, on)``: the launch arguments with ``--hicache-storage-backend file``
   (before ``--host``) when the L3 tier is on.
 - ``sglang_service_l3_directories(plan, user, group)``: the L3 directories with their owner and mode.
+- ``sglang_service_exec_python(unit_text)``: the interpreter of a unit's ExecStart (its first word,
+  unquoted as systemd does), e.g. the venv python of the unit kept in a release directory.
+- ``sglang_service_argv_value(argv, flag)``: the value after ``flag`` in a release's argv.json, ``""``
+  when absent or without a value.
+- ``sglang_service_link_source(stat)``: where a release pointer links to, ``""`` when it is no link.
 """
 
 from __future__ import annotations
@@ -566,12 +571,73 @@ def journal(result: Mapping[str, Any]) -> Any:
     return f"journalctl failed: {result.get('stderr', '')}"
 
 
+# --- what a release runs (the entry point snapshot) ---------------------------------------------------
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", ";": ";", " ": " "}
+
+
+
+def _first_word(line: str) -> str:
+    """The first word of an ExecStart value, as systemd splits it (quotes, escapes, %% and $$)."""
+    text = line.lstrip(" \t")
+    while text[:1] in ("-", "@", ":", "+", "!"):  # systemd's ExecStart prefixes
+        text = text[1:]
+    word: list[str] = []
+    quote = text[0] if text[:1] in ("'", '"') else None
+    i = 1 if quote else 0
+    while i < len(text):
+        char = text[i]
+        if quote and char == quote:
+            break
+        if not quote and char in " \t":
+            break
+        if char == "\\" and i + 1 < len(text):
+            word.append(_ESCAPES.get(text[i + 1], text[i + 1]))
+            i += 2
+            continue
+        if char in "%$" and text[i + 1 : i + 2] == char:
+            i += 1
+        word.append(char)
+        i += 1
+    return "".join(word)
+
+
+def exec_python(unit_text: str) -> str:
+    """The interpreter (first word) of the unit's ExecStart line."""
+    for line in str(unit_text).splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "ExecStart" and value.strip():
+            word = _first_word(value)
+            if word:
+                return word
+    raise AnsibleFilterError("the unit has no ExecStart line with a command")
+
+
+def argv_value(argv: Sequence[Any], flag: str) -> str:
+    """The word after `flag` in argv (`--flag value`), or `--flag=value`; "" when absent."""
+    words = [str(word) for word in argv]
+    for index, word in enumerate(words):
+        if word == flag:
+            following = words[index + 1] if index + 1 < len(words) else ""
+            return "" if following.startswith("--") else following
+        if word.startswith(flag + "="):
+            return word[len(flag) + 1 :]
+    return ""
+
+
+def link_source(stat: Mapping[str, Any]) -> Any:
+    """A stat result's lnk_source when the path is a link, else ``""``."""
+    return stat["lnk_source"] if stat.get("islnk", False) else ""
+
+
 class FilterModule:
     """Jinja filters of the sglang_service role."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "sglang_service_argv": argv,
+            "sglang_service_exec_python": exec_python,
+            "sglang_service_argv_value": argv_value,
+            "sglang_service_link_source": link_source,
             "sglang_service_argv_groups": argv_groups,
             "sglang_service_systemd_quote": systemd_quote,
             "sglang_service_host_pool_gb": host_pool_gb,
