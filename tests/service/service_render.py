@@ -1,4 +1,5 @@
-"""Render the sglang_service role's plan on localhost through Ansible (test_render.py, test_unit_gpu.py)."""
+"""Run the sglang_service role on localhost through Ansible: its plan rendered (test_render.py,
+test_unit_gpu.py, ...) and its entry point check (test_check_once.py, test_check_sim_ram.py, test_l3_check.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _variables(out: Path, extra_vars: dict) -> dict:
 def run_plan(out: Path, extra_vars: dict) -> Path:
     """Render the plan (PLAYBOOK) into `out` with the role's model paths and `extra_vars`; `out`."""
     (out / "render.yml").write_text(PLAYBOOK, encoding="utf-8")
-    _play(out, ["-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(_variables(out, extra_vars))])
+    _play(["-i", "localhost,", str(out / "render.yml"), "-e", json.dumps(_variables(out, extra_vars))])
     return out
 
 
@@ -57,10 +58,42 @@ def run_plans(work: Path, cases: dict[str, tuple[Path, dict]]) -> None:
              for name, (out, extra_vars) in cases.items()}
     (work / "hosts.yml").write_text(json.dumps({"all": {"hosts": hosts}}), encoding="utf-8")
     (work / "render.yml").write_text(PLAYBOOK.replace("- hosts: localhost", "- hosts: all"), encoding="utf-8")
-    _play(work, ["-i", str(work / "hosts.yml"), str(work / "render.yml")])
+    _play(["-i", str(work / "hosts.yml"), str(work / "render.yml")])
 
 
-def _play(work: Path, args: list[str]) -> None:
+# The role's entry point check on localhost, then the caller's own tasks (`after`, indented as tasks).
+CHECK_PLAYBOOK = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Check
+      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
+"""
+
+# Tasks after the check that fail with its findings (the stage's verdict, for a test).
+FAIL_WITH_FINDINGS = """
+    - name: Fail with the findings
+      ansible.builtin.fail:
+        msg: "{{ sglang_service_findings | join(' | ') }}"
+      when: sglang_service_findings | length > 0
+"""
+
+
+def run_check(work: Path, extra_vars: dict, after: str = "") -> subprocess.CompletedProcess:
+    """The entry point check with the role's model paths and `extra_vars`, then the tasks `after`; the
+    finished run, whatever it returned (the caller asserts on it)."""
+    (work / "check.yml").write_text(CHECK_PLAYBOOK + after, encoding="utf-8")
+    variables = {key: value for key, value in _variables(work, extra_vars).items() if key != "out"}
+    return _run(["-i", "localhost,", str(work / "check.yml"), "-e", json.dumps(variables)])
+
+
+def _play(args: list[str]) -> None:
+    run = _run(args)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
@@ -69,7 +102,6 @@ def _play(work: Path, args: list[str]) -> None:
         ANSIBLE_NOCOLOR="1",
     )
     playbook_bin = Path(sys.executable).parent / "ansible-playbook"
-    run = subprocess.run(
+    return subprocess.run(
         [str(playbook_bin), *args], env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
     )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

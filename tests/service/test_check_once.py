@@ -5,23 +5,14 @@ check, three times."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from service_render import run_check
+
 PORT_TASK = "Checks | who holds each instance's port on the host"
 
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Check (1)
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
+# After the first check (service_render.CHECK_PLAYBOOK): the same plan again, a change, once more.
+AFTER = """
     - name: Check (2), nothing changed
       ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
     - name: A change between the two (the environment)
@@ -36,22 +27,12 @@ PLAYBOOK = """
 
 
 def test_a_plan_is_checked_once_per_run_and_again_after_a_change(tmp_path):
-    (tmp_path / "play.yml").write_text(PLAYBOOK, encoding="utf-8")
     extra = {
-        "ansible_python_interpreter": sys.executable,
-        "sglang_service_model_path": "/srv/models/main",
-        "sglang_service_draft_model_path": "/srv/models/draft",
         "sglang_service_hicache_enabled": False,
         # A port nothing here listens on (the check reads who holds it on this machine).
         "sglang_service_instances": [{"name": "main", "port": 30987}],
     }
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory",
-               ANSIBLE_NOCOLOR="1")
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml"),
-         "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-    )
+    run = run_check(tmp_path, extra, AFTER)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     # The port check ran in checks 1 and 3, not in 2 (the same plan, already passed).
     ran = re.findall(r"TASK \[sglang_service : " + re.escape(PORT_TASK) + r"\][^\n]*\n(ok|skipping)", run.stdout)

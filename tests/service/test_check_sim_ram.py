@@ -5,49 +5,21 @@ Ansible on localhost: sglang_service's entry point check, failing with its findi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Check
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
-    - name: Fail with the findings
-      ansible.builtin.fail:
-        msg: "{{ sglang_service_findings | join(' | ') }}"
-      when: sglang_service_findings | length > 0
-"""
+from service_render import FAIL_WITH_FINDINGS, run_check
 
 
-def _run(tmp_path: Path, told_gb: str) -> subprocess.CompletedProcess:
-    (tmp_path / "play.yml").write_text(PLAYBOOK, encoding="utf-8")
-    extra = {
-        "ansible_python_interpreter": sys.executable,
-        "sglang_service_model_path": "/srv/models/main",
-        "sglang_service_draft_model_path": "/srv/models/draft",
+def _run(tmp_path: Path, told_gb: str):
+    return run_check(tmp_path, {
         "sglang_service_module": "sglang_sim.launch_server",
         "sglang_service_platform": "none",
         "sglang_service_hicache_args": {"--enable-hierarchical-cache": True, "--hicache-size": 96},
         "sglang_service_environment": {"SGLANG_SIM_HOST_MEM_GB": told_gb},
         "sglang_service_memory_reserve_gb": 16,
         "sglang_service_instances": [{"name": "main", "port": 30988}],
-    }
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory", ANSIBLE_NOCOLOR="1")
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml"),
-         "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-    )
+    }, FAIL_WITH_FINDINGS)
 
 
 @pytest.mark.parametrize(("told_gb", "passes"), [("256", True), ("48", False)])

@@ -7,12 +7,10 @@ with a message naming the variable, before anything is created."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from plugins import load
+from service_render import FAIL_WITH_FINDINGS, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
 pf = load(ROOT / "roles" / "preflight" / "filter_plugins" / "preflight.py")
@@ -72,43 +70,23 @@ def test_disk_need_is_the_limit_less_what_the_directory_holds():
     assert "has 70.0 GB free, but this run stages 80.0 GB" in finding
 
 
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Check
-      ansible.builtin.include_role: {name: sglang_service, tasks_from: check, public: true}
-    - name: Fail with the findings
-      ansible.builtin.fail:
-        msg: "{{ sglang_service_findings | join(' | ') }}"
-      when: sglang_service_findings | length > 0
+# After the check (service_render.CHECK_PLAYBOOK): fail with its findings, else say the L3 directory.
+AFTER = FAIL_WITH_FINDINGS + """
     - name: Passed
       ansible.builtin.debug:
         msg: "L3 PASSED {{ sglang_service_plan[0].l3.dir }}"
 """
 
 
-def _run(tmp_path: Path, size_gb: float) -> subprocess.CompletedProcess:
-    (tmp_path / "play.yml").write_text(PLAYBOOK, encoding="utf-8")
-    extra = {
-        "ansible_python_interpreter": sys.executable,
-        "sglang_service_model_path": "/srv/models/main",
-        "sglang_service_draft_model_path": "/srv/models/draft",
+def _run(tmp_path: Path, size_gb: float):
+    return run_check(tmp_path, {
         "sglang_service_platform": "none",
         "sglang_service_hicache_args": {"--enable-hierarchical-cache": True, "--hicache-size": 1},
         "sglang_service_instances": [{"name": "main", "port": 30987}],
         "sglang_service_l3_enabled": True,
         "sglang_service_l3_dir": str(tmp_path / "l3"),
         "sglang_service_l3_max_size_gb": size_gb,
-    }
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FACT_CACHING="memory",
-               ANSIBLE_NOCOLOR="1")
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml"),
-         "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-    )
+    }, AFTER)
 
 
 def test_a_limit_beyond_the_free_disk_is_refused_before_anything_exists(tmp_path):
