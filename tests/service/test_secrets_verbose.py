@@ -76,7 +76,7 @@ def test_minus_vvv_prints_no_key(tmp_path):
     state = tmp_path / "state"
     output = play(tmp_path, *SECRETS)
     # The run went through every entry point (their task names are in the output).
-    for task in ("Settings | the router's key", "Plan | merge profile", "Checks | this plan passed",
+    for task in ("Settings | the router's key", "Plan | merge profile", "Checks | every finding of the plan",
                  "Release | keep the candidate", "Converged | the host's record"):
         assert task in output
     for secret in SECRETS:
