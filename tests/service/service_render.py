@@ -83,9 +83,15 @@ FAIL_WITH_FINDINGS = """
 def run_check(work: Path, extra_vars: dict, after: str = "") -> subprocess.CompletedProcess:
     """The entry point check with the role's model paths and `extra_vars`, then the tasks `after`; the
     finished run, whatever it returned (the caller asserts on it)."""
-    (work / "check.yml").write_text(CHECK_PLAYBOOK + after, encoding="utf-8")
+    return run_playbook(work, CHECK_PLAYBOOK + after, extra_vars)
+
+
+def run_playbook(work: Path, playbook: str, extra_vars: dict, *options: str) -> subprocess.CompletedProcess:
+    """`playbook` (text) on localhost with the role's model paths, `extra_vars` and ansible-playbook
+    `options` (e.g. --check); the finished run, whatever it returned."""
+    (work / "play.yml").write_text(playbook, encoding="utf-8")
     variables = {key: value for key, value in _variables(work, extra_vars).items() if key != "out"}
-    return _run(["-i", "localhost,", str(work / "check.yml"), "-e", json.dumps(variables)])
+    return _run(["-i", "localhost,", *options, str(work / "play.yml"), "-e", json.dumps(variables)])
 
 
 def _play(args: list[str]) -> None:
