@@ -1,6 +1,6 @@
 #!/usr/bin/python
-# hicache-fleet: the rollout's router membership in one call (roles/rollout router_check, router_out,
-# router_in). Runs where rollout_router_delegate_to says (the controller by default): standard
+# hicache-fleet: the rollout's router membership in one call (roles/rollout_router check, leave,
+# join). Runs where rollout_router_delegate_to says (the controller by default): standard
 # library only. The logic is in module_utils/fleet_router.py (tested in tests/router).
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ options:
     default: {}
   names:
     description:
-      - The instances O(state=out) takes out or O(state=in) puts in (C(rollout_leaving)); default every one of O(ports).
+      - The instances O(state=out) takes out or O(state=in) puts in (C(rollout_router_leaving)); default every one of O(ports).
     type: list
     elements: str
   worker_scheme:
@@ -117,7 +117,7 @@ EXAMPLES = r"""
     api_key: "{{ rollout_router_api_key }}"
     state: out
     ports: "{{ sglang_service_deployed | items2dict(key_name='name', value_name='port') }}"
-    names: "{{ rollout_leaving }}"
+    names: "{{ rollout_router_leaving }}"
     worker_host: "{{ rollout_router_worker_host }}"
     wait_s: "{{ rollout_router_wait_s }}"
     drain_grace_s: "{{ rollout_router_drain_grace_s }}"

@@ -1,4 +1,4 @@
-# hicache-fleet: the rollout's router membership (roles/rollout router_check, router_out, router_in)
+# hicache-fleet: the rollout's router membership (roles/rollout_router check, leave, join)
 # as one call: list the sglang-router's workers (GET /workers), take this host's leaving instances out
 # (DELETE /workers/{id}) and wait until the router no longer lists them, or put them in (POST /workers)
 # and wait until it lists them healthy.
@@ -32,7 +32,7 @@ LAST_POLL_S = 0.25
 EXCERPT = 200
 DELETE_OK = (200, 202, 204)
 POST_OK = (200, 201, 202)
-# The same rule as tasks/router_check.yml's assert and preflight: http(s)://HOST[:PORT][/], no user@.
+# The same rule as roles/rollout_router tasks/check.yml's assert and preflight: http(s)://HOST[:PORT][/], no user@.
 _BASE_URL = re.compile(r"^https?://[^/@\s]+/?$")
 
 ARGUMENT_SPEC = {

@@ -2,7 +2,8 @@
 role reaches another only through that interface.
 
 a. Every key of a role's defaults/main.yml is an option of the role (in at least one entry point of
-   its meta/argument_specs.yml); a key starting with '_' is private and has no place in defaults.
+   its meta/argument_specs.yml), or of a role that reads those defaults through a meta dependency;
+   a key starting with '_' is private and has no place in defaults.
 b. Every include_role/import_role (and `roles:` entry) with tasks_from names an entry point the
    target role declares; no include_tasks/import_tasks runs a file of another role's tasks/.
 c. No task file of a role reads another role's files by climbing out of its role_path
@@ -45,13 +46,24 @@ def _entry_points(role: Path) -> dict:
 
 # --- a. defaults are declared options -------------------------------------------------------------
 
+def _dependencies(role: Path) -> list[str]:
+    """The roles meta/main.yml names as dependencies (whose defaults this role reads)."""
+    meta = role / "meta" / "main.yml"
+    deps = ((_load(meta) or {}).get("dependencies") or []) if meta.is_file() else []
+    return [str(d.get("role") or d.get("name")) if isinstance(d, dict) else str(d) for d in deps]
+
+
 def defaults_findings(root: Path) -> list[str]:
     problems = []
+    roles = sorted(p for p in root.glob("roles/*") if p.is_dir())
     for defaults in sorted(root.glob("roles/*/defaults/main.yml")):
         role = defaults.parent.parent
         declared: set[str] = set()
-        for spec in _entry_points(role).values():
-            declared.update((spec or {}).get("options") or {})
+        # Its own entry points, and those of the roles that read its defaults through a meta
+        # dependency (roles/rollout holds the settings of rollout_gate and rollout_router).
+        for owner in [role] + [r for r in roles if role.name in _dependencies(r)]:
+            for spec in _entry_points(owner).values():
+                declared.update((spec or {}).get("options") or {})
         for key in _load(defaults) or {}:
             if str(key).startswith("_"):
                 problems.append(f"{role.name}: {key} is private ('_') but set in defaults/main.yml")
@@ -393,8 +405,9 @@ def test_redirect_check_finds_a_header_sent_through_redirects(tmp_path):
 
 SPECS_SKIP = "{{ not (preflight_specs_passed | default(false)) }}"
 AFTER_PREFLIGHT = ("playbooks/run_lock.yml", "playbooks/run_unlock.yml", "playbooks/rocm.yml", "playbooks/venv.yml",
-                   "playbooks/models.yml", "playbooks/rollout.yml", "roles/rollout/tasks/prune.yml",
-                   "roles/rollout/tasks/rollback.yml", "roles/sglang_service/tasks/validate.yml",
+                   "playbooks/models.yml", "playbooks/rollout.yml", "roles/rollout_gate/tasks/prune.yml",
+                   "roles/rollout_gate/tasks/rollback.yml", "roles/rollout_gate/tasks/main.yml",
+                   "roles/sglang_service/tasks/validate.yml",
                    "roles/models/tasks/fetch.yml")
 
 
@@ -414,7 +427,7 @@ def test_includes_after_preflight_skip_the_validation_preflight_did():
     assert not problems, "\n".join(problems)
     main = (ROOT / "roles/preflight/tasks/main.yml").read_text(encoding="utf-8")
     # Set only after the host's findings (argument specs among them) failed it or not, and only when
-    # preflight_validate_roles covered all six roles.
+    # preflight_validate_roles covered every role.
     assert main.index("preflight_specs_passed:") > main.index("- name: Fail with every finding on this host")
     assert "| difference(preflight_validate_roles) | length == 0" in main
 
@@ -441,6 +454,10 @@ def role_calls(root: Path) -> dict[str, set[str]]:
         for key, value in _walk(_load(path)):
             if key in INCLUDE_ROLE and isinstance(value, dict) and value.get("name") not in (None, own):
                 calls.setdefault(own, set()).add(str(value["name"]))
+    # A meta dependency is a call too (the dependency's defaults and tasks come with the role).
+    for role in sorted(p for p in root.glob("roles/*") if p.is_dir()):
+        for dep in _dependencies(role):
+            calls.setdefault(role.name, set()).add(dep)
     return calls
 
 
@@ -473,6 +490,10 @@ def test_roles_call_one_way():
     assert "preflight" not in calls.get("sglang_service", set())
     # The models role checks its disk with the module (library/fleet_free_disk.py), not preflight's tasks.
     assert "preflight" not in calls.get("models", set())
+    # The rollout split by what it does: the run (rollout) calls neither its gate nor the router
+    # membership; both read the run's settings through their meta dependency on it.
+    assert not calls.get("rollout", set()) & {"rollout_gate", "rollout_router"}, calls.get("rollout")
+    assert {"rollout", "rollout_router"} <= calls["rollout_gate"], calls.get("rollout_gate")
 
 
 def test_cycle_check_finds_a_cycle_of_three_and_not_a_chain(tmp_path):

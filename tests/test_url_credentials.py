@@ -92,7 +92,7 @@ ROUTER_PLAYBOOK = """
 - hosts: all
   gather_facts: false
   tasks:
-    - ansible.builtin.include_role: {name: rollout, tasks_from: router_check}
+    - ansible.builtin.include_role: {name: rollout_router, tasks_from: check}
 """
 
 

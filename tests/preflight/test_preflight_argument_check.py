@@ -3,7 +3,7 @@ argument_check, which never fails and publishes <role>_argument_check); prefligh
 role of preflight_validate_roles and lists the errors with its other findings.
 
 One run of the REAL playbooks/preflight.yml on localhost serves two inventory hosts, both this
-machine (connection local): `every` has one wrongly typed variable of each of the six roles and the
+machine (connection local): `every` has one wrongly typed variable of each of the roles and the
 default preflight_validate_roles, `subset` the same values with preflight_validate_roles: [preflight,
 models]. Each host's findings are read from its own failure in the output."""
 
@@ -38,7 +38,9 @@ BAD = {
     "sglang_venv": ("sglang_venv_keep_releases", "many"),
     "models": ("models_verify_existing", "perhaps"),
     "sglang_service": ("sglang_service_rollback_to", 5),
-    "rollout": ("rollout_prune_venvs", "sure"),
+    "rollout": ("rollout_fast_path", "sure"),
+    "rollout_gate": ("rollout_prune_venvs", "sure"),
+    "rollout_router": ("rollout_router_wait_s", "long"),
 }
 
 

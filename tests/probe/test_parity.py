@@ -405,7 +405,7 @@ def test_rollout_parity_settings_are_range_checked_before_the_rollout():
     settings = yaml.safe_load((repo / "roles/rollout/tasks/settings.yml").read_text())[0]
     gate = settings["ansible.builtin.set_fact"]["rollout_settings"]["gate"]
     assert {"rollout_probe_parity_tokens", "rollout_probe_parity_logprob_tolerance"} <= set(gate)
-    probe_task = next(t for t in yaml.safe_load((repo / "roles/rollout/tasks/main.yml").read_text())
+    probe_task = next(t for t in yaml.safe_load((repo / "roles/rollout_gate/tasks/main.yml").read_text())
                       if "sglang_cache_probe" in t)
     assert probe_task["sglang_cache_probe"]["parity_tokens"] == "{{ rollout_probe_parity_tokens }}"
     assert probe_task["sglang_cache_probe"]["parity_logprob_tolerance"] == \

@@ -1,5 +1,5 @@
 """A long probe in the background with its rounds printed as they come: the module async, the
-shared task file roles/rollout/tasks/probe_progress.yml (used by the gate and the A/B) per round,
+shared task file roles/rollout_gate/tasks/probe_progress.yml (used by the gate and the A/B) per round,
 then async_status, through ansible-playbook against a fake server."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PLAYBOOK = """\
     - name: Each round
       ansible.builtin.include_tasks: "{progress_tasks}"
       vars:
-        _rollout_progress:
+        _rollout_gate_progress:
           label: "fake main"
           job: "{{{{ job.ansible_job_id }}}}"
           path: "{{{{ progress }}}}"

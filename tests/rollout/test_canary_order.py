@@ -25,7 +25,7 @@ sglang_hosts:
       hosts: {a1: {}, a2: {}, a3: {}}
     sglang_canary:
       hosts: {c1: {}}
-  vars: {ansible_connection: local, rollout_leaving: [main]}
+  vars: {ansible_connection: local, rollout_gate_leaving: [main]}
 """
 
 
@@ -41,7 +41,7 @@ def rollout_plays() -> tuple[dict, dict, dict, dict]:
 
 def playbook() -> list[dict]:
     """The real order play; the stage play's hosts with its real split into the hosts that change
-    (here: those whose inventory says rollout_leaving, as tasks/plan.yml would find them) and those
+    (here: those whose inventory says rollout_gate_leaving, as tasks/plan.yml would find them) and those
     that do not; then the unchanged play's hosts and the real batch play's hosts, serial and canary,
     reporting each batch."""
     order, stage, unchanged, batches = rollout_plays()
@@ -137,7 +137,7 @@ def test_only_the_hosts_that_change_are_batched(tmp_path, unchanged, extra, expe
     host_vars = tmp_path / "host_vars"
     host_vars.mkdir()
     for host in unchanged:
-        (host_vars / f"{host}.yml").write_text("rollout_leaving: []\n")
+        (host_vars / f"{host}.yml").write_text("rollout_gate_leaving: []\n")
     found = batches(tmp_path, *extra)
     assert batches_of(found) == expected_batches
     unchanged_plays = [(hosts, canary) for what, hosts, canary in found if what == "UNCHANGED"]

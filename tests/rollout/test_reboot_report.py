@@ -1,5 +1,5 @@
 """A rollout host that stops because a new amdgpu driver waits for a reboot (rocm_reboot false) says so in
-the run report. Real Ansible on localhost: the note task of roles/rollout/tasks/rollback.yml ("nothing of the
+the run report. Real Ansible on localhost: the note task of roles/rollout_gate/tasks/rollback.yml ("nothing of the
 service was changed on this host"), as written there, then the role's real tasks/report.yml, which writes
 <run dir>/hosts/<host>.json and renders rollout.md and rollout.json with files/fleet_report.py. The reason of
 the reboot case is the real fail message of roles/rocm/tasks/service_ready.yml, rendered by Ansible."""
@@ -45,7 +45,7 @@ def playbook(run_dir: Path, pending: bool, reason: str) -> list[dict]:
                 "_rollout_gate_rollback": [],
             },
             "tasks": [
-                task_named("roles/rollout/tasks/rollback.yml", NOTE_TASK),
+                task_named("roles/rollout_gate/tasks/rollback.yml", NOTE_TASK),
                 {
                     "name": "report this host as rollback.yml does",
                     "ansible.builtin.include_role": {"name": "rollout", "tasks_from": "report"},

@@ -1,6 +1,6 @@
 """library/fleet_router.py (the rollout's router membership in one call) against a fake router on
 127.0.0.1 (router_fakes.FakeRouter): as functions (module_utils/fleet_router.py) and through Ansible,
-the module alone and the role's entry points router_check, router_out and router_in."""
+the module alone and the entry points check, leave and join of roles/rollout_router."""
 
 from __future__ import annotations
 
@@ -341,7 +341,7 @@ ROLE_VARS = {"rollout_router_api_key": KEY, "rollout_router_worker_host": HOST, 
 
 def role(entry: str, **extra: object) -> str:
     vars_ = "".join(f"\n        {k}: {json.dumps(v)}" for k, v in extra.items())
-    return (f"    - ansible.builtin.include_role: {{name: rollout, tasks_from: {entry}}}\n"
+    return (f"    - ansible.builtin.include_role: {{name: rollout_router, tasks_from: {entry}}}\n"
             + (f"      vars:{vars_}\n" if extra else ""))
 
 
@@ -349,9 +349,9 @@ def test_the_role_entry_points_out_and_back_in_with_two_tasks_each(tmp_path, fak
     fake_router.add(URLS["main"])
     fake_router.add(URLS["draft"])
     fake_router.add("http://other:30004")
-    tasks = role("router_check") + role("router_out") + role("router_in", _rollout_router_in_names=["main"])
+    tasks = role("check") + role("leave") + role("join", rollout_router_names=["main"])
     proc, facts = play(tmp_path, tasks, {**ROLE_VARS, "rollout_router_url": fake_router.url,
-                                         "rollout_leaving": ["main"]})
+                                         "rollout_router_leaving": ["main"]})
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said[-4000:]
     assert facts["removed"] == ["main"]
@@ -370,9 +370,9 @@ def test_the_role_entry_points_out_and_back_in_with_two_tasks_each(tmp_path, fak
 
 def test_check_mode_through_the_role_sends_nothing_and_says_what_it_would_do(tmp_path, fake_router):
     fake_router.add(URLS["main"])
-    tasks = role("router_out") + role("router_in")
+    tasks = role("leave") + role("join")
     proc, facts = play(tmp_path, tasks, {**ROLE_VARS, "rollout_router_url": fake_router.url,
-                                         "rollout_leaving": ["main"]}, check=True)
+                                         "rollout_router_leaving": ["main"]}, check=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert facts["removed"] == []
     assert facts["events"] == [f"would leave {URLS['main']}", f"would join {URLS['draft']}"]
@@ -383,8 +383,8 @@ def test_check_mode_through_the_role_sends_nothing_and_says_what_it_would_do(tmp
 def test_a_failure_through_ansible_names_the_router_and_never_the_key(tmp_path, fake_router):
     fake_router.add(URLS["main"])
     fake_router.get_fault, fake_router.get_fault_from = "503", 2
-    proc, _ = play(tmp_path, role("router_out"), {**ROLE_VARS, "rollout_router_url": fake_router.url,
-                                                  "rollout_leaving": ["main"], "rollout_router_wait_s": 1})
+    proc, _ = play(tmp_path, role("leave"), {**ROLE_VARS, "rollout_router_url": fake_router.url,
+                                                  "rollout_router_leaving": ["main"], "rollout_router_wait_s": 1})
     said = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode != 0
     assert f"After 1 s (rollout_router_wait_s) the router at {fake_router.url} still lists {URLS['main']}" in said
@@ -394,7 +394,7 @@ def test_a_failure_through_ansible_names_the_router_and_never_the_key(tmp_path, 
 
 def test_a_key_with_a_newline_is_refused_without_showing_it(tmp_path, fake_router):
     secret = "nl-Secret-9Tq"  # noqa: S105 (a test key)
-    proc, _ = play(tmp_path, role("router_check"), {**ROLE_VARS, "rollout_router_url": fake_router.url,
+    proc, _ = play(tmp_path, role("check"), {**ROLE_VARS, "rollout_router_url": fake_router.url,
                                                     "rollout_router_api_key": secret + "\n"})
     said = proc.stdout + proc.stderr
     assert proc.returncode != 0
@@ -404,14 +404,14 @@ def test_a_key_with_a_newline_is_refused_without_showing_it(tmp_path, fake_route
 
 
 # What molecule/rollout's side effect ran as two whole runs before (a router that does not answer, a
-# URL that is not a router's base URL): router_check refuses each, naming rollout_router_url and what
-# to check. playbooks/rollout.yml runs router_check in a play before any host's stage.
+# URL that is not a router's base URL): rollout_router check refuses each, naming rollout_router_url and what
+# to check. playbooks/rollout.yml runs it in a play before any host's stage.
 @pytest.mark.parametrize(("url", "said"), [
     ("http://127.0.0.9:9", "did not list its workers"),
     ("127.0.0.9:30100", "is not a router base URL"),
 ])
 def test_router_check_refuses_a_router_that_does_not_answer_or_a_bad_url(tmp_path, url, said):
-    proc, _ = play(tmp_path, role("router_check"), {**ROLE_VARS, "rollout_router_url": url,
+    proc, _ = play(tmp_path, role("check"), {**ROLE_VARS, "rollout_router_url": url,
                                                     "rollout_router_wait_s": 2})
     output = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode != 0

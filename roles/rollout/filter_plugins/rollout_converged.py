@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 # What the site's phases read: the roles whose options make up a host's release.
-ROLES = ("preflight", "rocm", "sglang_venv", "models", "sglang_service", "rollout")
+ROLES = ("preflight", "rocm", "sglang_venv", "models", "sglang_service", "rollout", "rollout_gate", "rollout_router")
 # Options that describe the run, not the release (set per run or per play, or switch the fast path).
 NOT_RELEASE = frozenset({
     "rollout_canary", "rollout_fast_path", "rollout_report_dir", "rollout_report_note", "rollout_lock_break",
