@@ -56,7 +56,8 @@ options:
     default: {}
   names:
     description:
-      - The instances O(state=out) takes out or O(state=in) puts in (C(rollout_router_leaving)); default every one of O(ports).
+      - The instances O(state=out) takes out or O(state=in) puts in (C(rollout_router_leaving)).
+      - Default every one of O(ports).
     type: list
     elements: str
   worker_scheme:

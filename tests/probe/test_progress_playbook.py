@@ -57,7 +57,7 @@ def run(tmp_path, args: dict) -> tuple[subprocess.CompletedProcess, dict | None]
     dest = tmp_path / "result.json"
     playbook = tmp_path / "progress.yml"
     playbook.write_text(PLAYBOOK.format(args=json.dumps(args), progress=args["progress_path"], dest=dest,
-                                        progress_tasks=REPO / "roles" / "rollout" / "tasks" / "probe_progress.yml"))
+                                        progress_tasks=REPO / "roles/rollout_gate/tasks/probe_progress.yml"))
     proc = subprocess.run([ansible_bin("ansible-playbook"), "-i", "localhost,", str(playbook),
                            "-e", json.dumps({"ansible_python_interpreter": sys.executable})],
                           cwd=REPO, env=ansible_env(tmp_path), capture_output=True, text=True, timeout=300)
