@@ -55,6 +55,8 @@ NOT_RELEASE = frozenset({
     "rollout_canary", "rollout_fast_path", "rollout_report_dir", "rollout_report_note", "rollout_lock_break",
     "rollout_lock_stale_after_s", "rollout_lock_controller_path", "rollout_router_drain_grace_s",
     "rollout_router_wait_s",
+    # Inputs of one call of an entry point (roles/rollout_router leave, join), not settings of a host.
+    "rollout_router_leaving", "rollout_router_names",
 })
 TREE = ("site.yml", "ansible.cfg", "playbooks", "roles", "library", "module_utils", "callback_plugins")
 # The install phases a run can leave out, in site.yml's order: the files whose content counts (its
