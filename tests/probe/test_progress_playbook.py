@@ -1,6 +1,7 @@
-"""A long probe in the background with its rounds printed as they come: the module async, the
-shared task file roles/rollout_gate/tasks/probe_progress.yml (used by the gate and the A/B) per round,
-then async_status, through ansible-playbook against a fake server."""
+"""A long probe in the background with its rounds printed as they come: the module async, the entry
+point probe_progress of roles/sglang_service (called by roles/rollout_gate's gate and by the role's
+own A/B) per round, its argument spec checked, then async_status, through ansible-playbook against a
+fake server."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ PLAYBOOK = """\
       register: job
       changed_when: false
     - name: Each round
-      ansible.builtin.include_tasks: "{progress_tasks}"
+      ansible.builtin.include_role:
+        name: sglang_service
+        tasks_from: probe_progress
       vars:
-        _rollout_gate_progress:
+        sglang_service_probe_progress:
           label: "fake main"
           job: "{{{{ job.ansible_job_id }}}}"
           path: "{{{{ progress }}}}"
@@ -56,8 +59,7 @@ PLAYBOOK = """\
 def run(tmp_path, args: dict) -> tuple[subprocess.CompletedProcess, dict | None]:
     dest = tmp_path / "result.json"
     playbook = tmp_path / "progress.yml"
-    playbook.write_text(PLAYBOOK.format(args=json.dumps(args), progress=args["progress_path"], dest=dest,
-                                        progress_tasks=REPO / "roles/rollout_gate/tasks/probe_progress.yml"))
+    playbook.write_text(PLAYBOOK.format(args=json.dumps(args), progress=args["progress_path"], dest=dest))
     proc = subprocess.run([ansible_bin("ansible-playbook"), "-i", "localhost,", str(playbook),
                            "-e", json.dumps({"ansible_python_interpreter": sys.executable})],
                           cwd=REPO, env=ansible_env(tmp_path), capture_output=True, text=True, timeout=300)

@@ -279,9 +279,14 @@ def test_the_fast_paths_summary_puts_each_host_in_its_groups_and_says_why():
 def test_the_split_roles_options_count_but_an_entry_points_call_inputs_do_not(project):
     """The rollout is three roles: an option the gate (rollout_gate) or the router membership
     (rollout_router) declares is part of a host's release; the instances one call of rollout_router's
-    leave/join names (set per call by the gate, the A/B, the sizing sweep) are not."""
+    leave/join names (set per call by the gate, the A/B, the sizing sweep) are not, nor the inputs of
+    one call of sglang_service's ab, snapshot and probe_progress."""
     base = {"rollout_router_url": "http://10.0.0.5:30000", "rollout_probe_repeats": 2}
     before = fingerprint(project, base)
     assert fingerprint(project, dict(base, rollout_probe_repeats=3)) != before
     assert fingerprint(project, dict(base, rollout_router_url="http://10.0.0.6:30000")) != before
     assert fingerprint(project, dict(base, rollout_router_leaving=["main"], rollout_router_names=["main"])) == before
+    # The inputs of one call of sglang_service's ab (the A/B) and probe_progress neither.
+    call = {"sglang_service_ab_instance": {"name": "main", "port": 30004}, "sglang_service_ab_probe": {"url": "http://x"},
+            "sglang_service_probe_progress": {"round": 1}, "sglang_service_snapshot_instance": "main"}
+    assert fingerprint(project, dict(base, **call)) == before

@@ -55,8 +55,11 @@ NOT_RELEASE = frozenset({
     "rollout_canary", "rollout_fast_path", "rollout_report_dir", "rollout_report_note", "rollout_lock_break",
     "rollout_lock_stale_after_s", "rollout_lock_controller_path", "rollout_router_drain_grace_s",
     "rollout_router_wait_s",
-    # Inputs of one call of an entry point (roles/rollout_router leave, join), not settings of a host.
+    # Inputs of one call of an entry point (roles/rollout_router leave, join; roles/sglang_service
+    # snapshot, restore, ab, probe_progress), not settings of a host.
     "rollout_router_leaving", "rollout_router_names",
+    "sglang_service_snapshot_instance", "sglang_service_snapshot", "sglang_service_snapshot_running_hash",
+    "sglang_service_ab_instance", "sglang_service_ab_probe", "sglang_service_probe_progress",
 })
 TREE = ("site.yml", "ansible.cfg", "playbooks", "roles", "library", "module_utils", "callback_plugins")
 # The install phases a run can leave out, in site.yml's order: the files whose content counts (its
