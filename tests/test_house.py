@@ -407,6 +407,7 @@ SPECS_SKIP = "{{ not (preflight_specs_passed | default(false)) }}"
 AFTER_PREFLIGHT = ("playbooks/run_lock.yml", "playbooks/run_unlock.yml", "playbooks/rocm.yml", "playbooks/venv.yml",
                    "playbooks/models.yml", "playbooks/rollout.yml", "roles/rollout_gate/tasks/prune.yml",
                    "roles/rollout_gate/tasks/rollback.yml", "roles/rollout_gate/tasks/main.yml",
+                   "roles/rollout_gate/tasks/probe.yml",
                    "roles/sglang_service/tasks/validate.yml",
                    "roles/models/tasks/fetch.yml")
 

@@ -401,11 +401,11 @@ def test_rollout_parity_settings_are_range_checked_before_the_rollout():
     assert any(f.startswith("rollout_probe_parity_logprob_tolerance = 'lots' is not a number") for f in found), found
     assert pi.run_input_findings({"probe": {"rollout_probe_parity_tokens": 8,
                                             "rollout_probe_parity_logprob_tolerance": 0.5}}) == []
-    # the role publishes both to preflight (tasks/settings.yml) and passes both to the module (tasks/main.yml)
+    # the role publishes both to preflight (tasks/settings.yml) and passes both to the module (tasks/probe.yml)
     settings = yaml.safe_load((repo / "roles/rollout/tasks/settings.yml").read_text())[0]
     gate = settings["ansible.builtin.set_fact"]["rollout_settings"]["gate"]
     assert {"rollout_probe_parity_tokens", "rollout_probe_parity_logprob_tolerance"} <= set(gate)
-    probe_task = next(t for t in yaml.safe_load((repo / "roles/rollout_gate/tasks/main.yml").read_text())
+    probe_task = next(t for t in yaml.safe_load((repo / "roles/rollout_gate/tasks/probe.yml").read_text())
                       if "sglang_cache_probe" in t)
     assert probe_task["sglang_cache_probe"]["parity_tokens"] == "{{ rollout_probe_parity_tokens }}"
     assert probe_task["sglang_cache_probe"]["parity_logprob_tolerance"] == \

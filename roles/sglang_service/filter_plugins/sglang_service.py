@@ -491,6 +491,13 @@ def instances_shown(instances: Any) -> Any:
             if isinstance(item, Mapping) else item for item in instances]
 
 
+def not_running(plan: Sequence[Mapping[str, Any]], current: Mapping[str, Any]) -> list[str]:
+    """The names of the plan's instances whose release directory is not the one they run now
+    (`current`: instance name -> the release directory its `current` link points to, '' for none).
+    tasks/verify.yml checks only these with SGLang: a running release was checked when installed."""
+    return [str(item["name"]) for item in plan if (current or {}).get(item["name"]) != item["release_dir"]]
+
+
 def rollback_instances(previous: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The module's instances for state=rollback_secrets, from the stat results of each planned
     instance's `previous` pointer: its name and live file paths, and the release it points at."""
@@ -653,6 +660,7 @@ class FilterModule:
             "sglang_service_config_args": config_args,
             "sglang_service_instances_shown": instances_shown,
             "sglang_service_rollback_instances": rollback_instances,
+            "sglang_service_not_running": not_running,
             "sglang_service_protect_home": protect_home,
             "sglang_service_secrets_digest": secrets_digest,
             "sglang_service_parse_refusal": parse_refusal,
