@@ -147,49 +147,6 @@ def test_file_problems_by_size_and_by_sha256():
     assert by_sha[0]["msg"] == "gone is missing"
 
 
-# --- prune ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("keep", "expected"),
-    [
-        ([], "models_prune_keep is empty: refusing to prune"),
-        ("/srv/sglang/models/.store/x", "must be a list of absolute paths, not str"),
-        (None, "must be a list of absolute paths, not NoneType"),
-        (["relative/x"], 'entry "relative/x" is not an absolute path'),
-        (["/opt/sglang/releases/r1"], "names nothing under models_dir (/srv/sglang/models): refusing to prune"),
-    ],
-)
-def test_prune_refuses_unusable_keep_lists(keep, expected):
-    problems = F.models_prune_problems(keep, DIR)
-    assert any(expected in p for p in problems), problems
-
-
-def test_prune_accepts_a_keep_list_with_a_model_path():
-    assert F.models_prune_problems(["/opt/venv", f"{DIR}/.store/m-abc"], DIR + "/") == []
-
-
-def test_prune_removes_exactly_what_no_kept_path_names():
-    found = [
-        f"{DIR}/.store/m-111111111111",
-        f"{DIR}/.store/m-222222222222",
-        f"{DIR}/.store/m-333333333333.damaged-20261201T000000",
-        f"{DIR}/.store/m-444444444444-20261130T010203",
-        f"{DIR}/.staging/m-555555555555",
-        f"{DIR}/legacy",
-    ]
-    keep = [
-        f"{DIR}/.store/m-111111111111/",  # trailing slash
-        f"{DIR}/.store/m-444444444444-20261130T010203/config.json",  # a path inside a copy keeps the copy
-        f"{DIR}/.store/m-333333333333",  # names the clean copy, not the damaged one beside it
-    ]
-    assert F.models_prune_paths(found, keep) == [
-        f"{DIR}/.staging/m-555555555555",
-        f"{DIR}/.store/m-222222222222",
-        f"{DIR}/.store/m-333333333333.damaged-20261201T000000",
-        f"{DIR}/legacy",
-    ]
-    assert F.models_prune_paths(found, found) == []
-
-
 # --- the filter that replaced the ternaries of tasks/fetch-hf.yml, against the old Jinja -----------
 
 OLD_HF_ENV = (

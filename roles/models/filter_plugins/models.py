@@ -1,4 +1,5 @@
-"""Filters of the models role: the models as a plan, file checks against a manifest, what to prune.
+"""Filters of the models role: the models as a plan, file checks against a manifest (what to
+prune: module_utils/fleet_models_prune.py, one module call on the host).
 
 Plain functions (testable without Ansible) exposed as Jinja filters:
 
@@ -9,9 +10,6 @@ Plain functions (testable without Ansible) exposed as Jinja filters:
   sentence naming the variable. A ``manifest_file`` is read here, on the controller.
 - ``models_file_problems(stat_results, check_sha256)``: the files of a registered ``stat`` loop that do
   not match their manifest entry (``item``), as ``[{path, msg}]``.
-- ``models_prune_problems(keep, models_dir)``: why a keep list cannot be used (empty, not absolute, or
-  naming nothing under models_dir).
-- ``models_prune_paths(found, keep)``: the found store/staging entries that no kept path names.
 - ``models_fetch_errors(results)``: why items of a fetch loop failed (get_url's checksum refusal rephrased).
 - ``models_manifest_from_hf_tree(entries)`` / ``models_manifest_from_find(found, root)``: a manifest
   from the Hub's tree API at a pinned revision, or from a local directory (playbooks/model_manifest.yml).
@@ -342,35 +340,6 @@ def _norm(path: str) -> str:
     return posixpath.normpath(str(path)) if path else ""
 
 
-def models_prune_problems(keep: Any, models_dir: str) -> list[str]:
-    """Why ``models_prune_keep`` cannot be used; empty when it can."""
-    fix = ("set models_prune_keep to the model paths of the host's current, previous and validated "
-           "releases (absolute paths)")
-    if isinstance(keep, str) or not isinstance(keep, Sequence):
-        return [f"models_prune_keep must be a list of absolute paths, not {type(keep).__name__}; {fix}"]
-    if not keep:
-        return [f"models_prune_keep is empty: refusing to prune, every store copy would be a candidate; {fix}"]
-    problems = [f'models_prune_keep entry "{p}" is not an absolute path' for p in keep if not str(p).startswith("/")]
-    root = _norm(models_dir) + "/"
-    if not problems and not any(_norm(p).startswith(root) for p in keep):
-        problems.append(f"models_prune_keep names nothing under models_dir ({models_dir}): refusing to prune; {fix}")
-    return problems
-
-
-def models_prune_paths(found: Sequence[str], keep: Sequence[str]) -> list[str]:
-    """The found entries (store copies, staging dirs, legacy links) that no kept path names.
-
-    An entry is kept when a kept path is that entry or lies inside it.
-    """
-    kept = {_norm(k) for k in keep if k}
-    out = []
-    for entry in found:
-        path = _norm(entry)
-        if not any(k == path or k.startswith(path + "/") for k in kept):
-            out.append(path)
-    return sorted(out)
-
-
 def models_manifest_from_hf_tree(entries: Any, repo_id: str = "", revision: str = "") -> dict[str, Any]:
     """A manifest from the Hub's tree API (``/api/models/<repo>/tree/<revision>?recursive=true``).
 
@@ -452,8 +421,6 @@ class FilterModule:
             "models_manifest_from_find": models_manifest_from_find,
             "models_manifest_from_stats": models_manifest_from_stats,
             "models_manifest_hash": manifest_sha256,
-            "models_prune_problems": models_prune_problems,
-            "models_prune_paths": models_prune_paths,
             "models_escapes": models_escapes,
             "models_resolved_outside": models_resolved_outside,
             "models_realpath_argv": models_realpath_argv,
