@@ -18,6 +18,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import service_render
 from plugins import load
 from service_render import run_plan
 
@@ -316,3 +317,63 @@ def test_fleet_args_override_the_profile_and_instances_override_them(tmp_path):
     assert "--max-running-requests" not in main
     assert main["--hicache-size"] == ["12"]
     assert as_mapping(rendered_args(out, "own"))["--mem-fraction-static"] == ["0.70"]
+
+
+# The unit is rendered once per instance (tasks/plan.yml, sglang_service_unit_release): the real cache
+# directory takes the stand-in's place in the text whose hash names the release. Checked here against
+# what the role did before, the template rendered a second time with the real directory, and the hash
+# taken as hash('sha256') takes it; with the defaults (replaced) and a state dir that systemd must
+# quote (a space, a %: rendered again).
+UNIT_AS_BEFORE = """
+    - name: The unit and the hash as two renders give them
+      ansible.builtin.set_fact:
+        _before: "{{ _before | default([]) + [{'name': item.name, 'unit': _unit, 'hash': _hash}] }}"
+      vars:
+        _tpl: "{{ unit_template }}"
+        _standin: >-
+          {{ lookup('ansible.builtin.template', _tpl,
+                    template_vars={'instance': item | combine({'cache_dir': item.cache_root ~ '/release-id'})}) }}
+        _digest: >-
+          {{ _sglang_service_secret_contents[item.name]
+             | sglang_service_secrets_digest(_sglang_service_salt | default(''), item.secrets_set) }}
+        _hash: "{{ (_standin ~ _sglang_service_env_contents[item.name] ~ _digest) | hash('sha256') }}"
+        _unit: "{{ lookup('ansible.builtin.template', _tpl, template_vars={'instance': item}) }}"
+      loop: "{{ _sglang_service_plan }}"
+    - name: The same unit and hash
+      ansible.builtin.assert:
+        that:
+          - item.0.config_hash == item.1.hash
+          - item.0.unit_content == item.1.unit
+          - item.0.cache_dir == item.0.cache_root ~ '/' ~ item.1.hash[:12]
+          - ('/cache/' ~ item.1.hash[:12] ~ '/') in item.0.unit_content
+          - "'/release-id' not in item.0.unit_content"
+        fail_msg: >-
+          {{ item.0.name }}: hash {{ item.0.config_hash == item.1.hash }},
+          unit {{ item.0.unit_content == item.1.unit }}, cache_dir {{ item.0.cache_dir }}
+      loop: "{{ _sglang_service_plan | zip(_before) | list }}"
+      loop_control:
+        label: "{{ item.0.name }}"
+    - name: Report
+      ansible.builtin.debug:
+        msg: "UNITS-CHECKED {{ _sglang_service_plan | length }}"
+"""
+
+
+@pytest.mark.parametrize("state_dir", [None, "/var/lib/sg lang%x"])
+def test_one_render_gives_the_unit_and_hash_two_renders_gave(tmp_path, state_dir):
+    playbook = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {name: sglang_service, tasks_from: plan.yml, public: true}
+"""
+    extra = {"sglang_service_instances": [
+        {"name": "main", "port": 30004},
+        {"name": "weird", "port": 30012, "args": {"--model-path": WEIRD_MODEL}, "api_key": "k-123"}]}
+    extra["unit_template"] = str(service_render.ROOT / "roles/sglang_service/templates/sglang.service.j2")
+    if state_dir:
+        extra["sglang_service_state_dir"] = state_dir
+    run = service_render.run_playbook(tmp_path, playbook + UNIT_AS_BEFORE, extra)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "UNITS-CHECKED 2" in run.stdout

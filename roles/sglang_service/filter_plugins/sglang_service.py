@@ -526,6 +526,36 @@ def secrets_digest(content: Any, salt: Any, secrets_set: Any) -> str:
     return hashlib.sha256(f"{salt}{content}".encode()).hexdigest()
 
 
+# The stand-in for a release's cache directory in the unit whose hash names the release (tasks/plan.yml).
+RELEASE_ID_STANDIN = "release-id"
+
+
+def unit_release(unit_for_hash: Any, instance: Mapping[str, Any], env_content: Any,
+                 secrets_digest_: Any) -> dict[str, Any]:
+    """The release of one instance from its unit rendered with the stand-in cache directory
+    ``<cache_root>/release-id``: the config hash (sha256 of that unit, the env file and the secrets
+    digest, as ``hash('sha256')`` takes it), the release and cache directories named by its first 12
+    characters and ``unit_content``: the unit with the real cache directory in place of the stand-in,
+    or None when that replacement is not exact.
+
+    The template writes cache_dir only through sglang_service_systemd_quote. When cache_root is made
+    of _PLAIN_WORD characters other than ``%`` (as the role's defaults are), that quoting leaves the
+    stand-in path and the real one as they are and quotes a word for the same reasons with either,
+    so replacing one path by the other gives exactly what rendering again with the real directory
+    gives (tests/service/test_render.py). Otherwise tasks/plan.yml renders the unit again."""
+    unit = str(unit_for_hash)
+    config_hash = hashlib.sha256(f"{unit}{env_content}{secrets_digest_}".encode()).hexdigest()
+    cache_root = str(instance["cache_root"])
+    cache_dir = f"{cache_root}/{config_hash[:12]}"
+    exact = bool(_PLAIN_WORD.match(cache_root)) and "%" not in cache_root
+    return {
+        "config_hash": config_hash,
+        "release_dir": f"{instance['releases_dir']}/{config_hash[:12]}",
+        "cache_dir": cache_dir,
+        "unit_content": unit.replace(f"{cache_root}/{RELEASE_ID_STANDIN}", cache_dir) if exact else None,
+    }
+
+
 def _parsed(result: Mapping[str, Any]) -> Any:
     stdout = result.get("stdout", "")
     if not str(stdout).strip().startswith("{"):
@@ -661,6 +691,7 @@ class FilterModule:
             "sglang_service_instances_shown": instances_shown,
             "sglang_service_rollback_instances": rollback_instances,
             "sglang_service_not_running": not_running,
+            "sglang_service_unit_release": unit_release,
             "sglang_service_protect_home": protect_home,
             "sglang_service_secrets_digest": secrets_digest,
             "sglang_service_parse_refusal": parse_refusal,
