@@ -56,3 +56,21 @@ def test_inventory_label_is_relative_only_under_the_run_directory():
         "/tmp/molecule/inventory/hosts.yml, inv"
     )
     assert label(["/src/fleet/inv"], "") == "/src/fleet/inv"
+
+
+def test_gate_verdict_is_never_passed_in_check_mode():
+    r = _filters()
+    """roles/rollout_gate tasks/main.yml: the verdict a gated host's report carries."""
+    assert r.rollout_gate_verdict([], False) == "unchanged"
+    assert r.rollout_gate_verdict([], True) == "unchanged"
+    assert r.rollout_gate_verdict([{"name": "main"}], False) == "passed"
+    assert r.rollout_gate_verdict([{"name": "main"}], True) == "would be probed (check mode)"
+
+
+def test_gate_note_names_the_instances_running_an_unvalidated_release():
+    r = _filters()
+    assert r.rollout_gate_unvalidated_note([], False) == ""
+    assert r.rollout_gate_unvalidated_note(["main", "draft"], False) == (
+        "main, draft found running a release this host never validated; probed now without a restart: passed")
+    assert r.rollout_gate_unvalidated_note(["main"], True) == (
+        "main found running a release this host never validated; it would be probed (check mode)")

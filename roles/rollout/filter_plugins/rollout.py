@@ -8,7 +8,7 @@ import json
 import os
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Per-run lists stay in the probe's own report; the record keeps what the gate and people read.
@@ -189,6 +189,24 @@ def rollout_gate_baseline(
     return rollout_fleet_median(records, instance, int(input_len))
 
 
+def rollout_gate_verdict(targets: Sequence[Any], check_mode: Any) -> str:
+    """A gated host's verdict in its report (roles/rollout_gate tasks/main.yml): unchanged with nothing
+    to probe; in check mode no probe request is sent, so never passed, only pending."""
+    if not targets:
+        return "unchanged"
+    return "would be probed (check mode)" if _truthy(check_mode) else "passed"
+
+
+def rollout_gate_unvalidated_note(unvalidated: Sequence[Any], check_mode: Any) -> str:
+    """The report's note on instances found running a release the host never validated
+    (roles/rollout_gate tasks/plan.yml), which the gate probes without a restart; empty for none."""
+    if not unvalidated:
+        return ""
+    outcome = "it would be probed (check mode)" if _truthy(check_mode) else "probed now without a restart: passed"
+    names = ", ".join(str(name) for name in unvalidated)
+    return f"{names} found running a release this host never validated; {outcome}"
+
+
 def rollout_gate_tier(instance: Mapping[str, Any], setting: str = "auto") -> str:
     """The probe tier of an instance: a fixed setting (device, host, both, all) applies as given; auto
     is all (device, host and the L3 storage tier) when the instance runs the L3 tier, both (device and
@@ -278,6 +296,8 @@ class FilterModule:
             "rollout_gate_reasons": rollout_gate_reasons,
             "rollout_gate_baseline": rollout_gate_baseline,
             "rollout_gate_tier": rollout_gate_tier,
+            "rollout_gate_verdict": rollout_gate_verdict,
+            "rollout_gate_unvalidated_note": rollout_gate_unvalidated_note,
             "rollout_gate_restart_storage": rollout_gate_restart_storage,
             "rollout_record": rollout_record,
             "rollout_order": rollout_order,
