@@ -22,3 +22,29 @@ def load(path: str | Path, name: str | None = None) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def adhoc_module(tmp_path: Path, module: str, args: dict, *flags: str) -> tuple[int, dict]:
+    """`ansible localhost -c local -o -m MODULE -a ARGS [FLAGS]` with the project's ansible.cfg (so its
+    library/ and module_utils/): rc and the result; a failed result gets failed: true (-o prints it as
+    "FAILED! => {...}")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    ansible = Path(sys.executable).parent / "ansible"
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"), ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"))
+    proc = subprocess.run(
+        [str(ansible if ansible.exists() else "ansible"), "localhost", "-c", "local", "-i", "localhost,",
+         "-e", json.dumps({"ansible_python_interpreter": sys.executable}),
+         "-o", "-m", module, "-a", json.dumps(args), *flags],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    line = next((line for line in proc.stdout.splitlines() if line.startswith("localhost | ")), None)
+    assert line, proc.stdout + proc.stderr
+    head, body = line.split(" => ", 1)
+    result = json.loads(body)
+    if "FAILED!" in head:
+        result["failed"] = True
+    return proc.returncode, result

@@ -5,14 +5,12 @@ module run by Ansible, returning the findings or failing with them (fail_msg).""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from plugins import load
+from plugins import adhoc_module, load
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -60,22 +58,7 @@ def test_malformed_needs_are_named():
 
 
 def _adhoc(tmp_path: Path, args: dict) -> tuple[int, dict]:
-    """rc and the result; a failed result gets failed: true (-o prints it as "FAILED! => {...}")."""
-    ansible = VENV_BIN / "ansible"
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"), ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"))
-    proc = subprocess.run(
-        [str(ansible if ansible.exists() else "ansible"), "localhost", "-c", "local", "-i", "localhost,",
-         "-e", json.dumps({"ansible_python_interpreter": sys.executable}),
-         "-o", "-m", "fleet_free_disk", "-a", json.dumps(args)],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-    line = next((line for line in proc.stdout.splitlines() if line.startswith("localhost | ")), None)
-    assert line, proc.stdout + proc.stderr
-    head, body = line.split(" => ", 1)
-    result = json.loads(body)
-    if "FAILED!" in head:
-        result["failed"] = True
-    return proc.returncode, result
+    return adhoc_module(tmp_path, "fleet_free_disk", args)
 
 
 @pytest.mark.parametrize("fail_msg", [None, "not enough free disk on localhost; nothing was fetched"])

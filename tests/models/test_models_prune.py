@@ -4,14 +4,11 @@ earlier layout, a kept link's target, check mode, a second run that changes noth
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from plugins import load
+from plugins import adhoc_module, load
 
 REPO = Path(__file__).resolve().parents[2]
 P = load(REPO / "module_utils" / "fleet_models_prune.py")
@@ -140,19 +137,4 @@ def test_the_module_prunes_on_the_host_and_says_what_went(tmp_path):
 
 
 def _adhoc(tmp_path: Path, args: dict, *flags: str) -> tuple[int, dict]:
-    """rc and the result of `ansible localhost -m models_prune` (a failed result gets failed: true)."""
-    ansible = Path(sys.executable).parent / "ansible"
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"), ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"))
-    proc = subprocess.run(
-        [str(ansible if ansible.exists() else "ansible"), "localhost", "-c", "local", "-i", "localhost,",
-         "-e", json.dumps({"ansible_python_interpreter": sys.executable}),
-         "-o", "-m", "models_prune", "-a", json.dumps(args), *flags],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-    line = next((line for line in proc.stdout.splitlines() if line.startswith("localhost | ")), None)
-    assert line, proc.stdout + proc.stderr
-    head, body = line.split(" => ", 1)
-    result = json.loads(body)
-    if "FAILED!" in head:
-        result["failed"] = True
-    return proc.returncode, result
+    return adhoc_module(tmp_path, "models_prune", args, *flags)
