@@ -75,3 +75,10 @@ def test_a_chart_without_its_digest_is_drawn_again(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.png_text(path)
     assert report.png_text(tmp_path / "missing.png") == {}
+    # Cut short after its digest (tEXt comes before the image data): still drawn again.
+    whole = path.read_bytes()
+    assert report.CHART_DIGEST_KEY.encode() in whole[: whole.index(b"IDAT")]
+    path.write_bytes(whole[: whole.index(b"IDAT") + 100])
+    assert report.png_text(path) == {}
+    report.ttft_chart(path, "t", ["h"], series)
+    assert path.read_bytes() == whole

@@ -365,7 +365,9 @@ CHART_VERSION = 1
 
 
 def png_text(path: Path) -> dict[str, str]:
-    """The tEXt chunks of a PNG file ({} for a missing, unreadable or truncated file)."""
+    """The tEXt chunks of a whole PNG file: {} for a missing or unreadable file, and for one without
+    its closing IEND chunk (a write cut short keeps the early tEXt chunk but not the image, and must
+    not count as drawn)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -378,13 +380,15 @@ def png_text(path: Path) -> dict[str, str]:
         length = int.from_bytes(data[pos:pos + 4], "big")
         kind = data[pos + 4:pos + 8]
         body = data[pos + 8:pos + 8 + length]
-        if len(body) < length or kind == b"IEND":
-            break
+        if len(body) < length:
+            return {}
+        if kind == b"IEND":
+            return found
         if kind == b"tEXt" and b"\0" in body:
             key, _, value = body.partition(b"\0")
             found[key.decode("latin-1")] = value.decode("latin-1")
         pos += 12 + length
-    return found
+    return {}
 
 
 def _ended_early(host: str, state: dict[str, Any]) -> dict[str, Any]:
