@@ -148,12 +148,12 @@ def test_journal(log):
     assert F.journal(log) == expr(OLD_JOURNAL, _log=log)
 
 
-def test_not_running_names_the_instances_whose_release_is_not_the_running_one():
+def test_not_running_lists_the_instances_whose_release_is_not_the_running_one():
     """tasks/verify.yml runs SGLang's checks only for these (a running release was checked when installed)."""
     plan = [{"name": "main", "release_dir": "/r/main/aaa"}, {"name": "draft", "release_dir": "/r/draft/bbb"}]
     assert F.not_running(plan, {"main": "/r/main/aaa", "draft": "/r/draft/bbb"}) == []
-    assert F.not_running(plan, {"main": "/r/main/aaa", "draft": "/r/draft/old"}) == ["draft"]
+    assert F.not_running(plan, {"main": "/r/main/aaa", "draft": "/r/draft/old"}) == [plan[1]]
     # A host without any release yet (no `current` link): every instance.
-    assert F.not_running(plan, {"main": "", "draft": ""}) == ["main", "draft"]
-    assert F.not_running(plan, {}) == ["main", "draft"]
+    assert F.not_running(plan, {"main": "", "draft": ""}) == plan
+    assert F.not_running(plan, {}) == plan
     assert F.not_running([], {"main": "/r/main/aaa"}) == []

@@ -491,11 +491,11 @@ def instances_shown(instances: Any) -> Any:
             if isinstance(item, Mapping) else item for item in instances]
 
 
-def not_running(plan: Sequence[Mapping[str, Any]], current: Mapping[str, Any]) -> list[str]:
-    """The names of the plan's instances whose release directory is not the one they run now
-    (`current`: instance name -> the release directory its `current` link points to, '' for none).
-    tasks/verify.yml checks only these with SGLang: a running release was checked when installed."""
-    return [str(item["name"]) for item in plan if (current or {}).get(item["name"]) != item["release_dir"]]
+def not_running(plan: Sequence[Mapping[str, Any]], current: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plan's instances whose release directory is not the one they run now (`current`: instance
+    name -> the release directory its `current` link points to, '' for none). tasks/verify.yml checks
+    only these with SGLang: a running release was checked when it was installed."""
+    return [dict(item) for item in plan if (current or {}).get(item["name"]) != item["release_dir"]]
 
 
 def rollback_instances(previous: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
