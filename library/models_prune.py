@@ -62,14 +62,14 @@ kept:
   type: list
   elements: str
 removed:
-  description: The entries removed (in check mode, those that would be).
+  description: The entries removed (in check mode, those that would be; when a removal fails, those removed before it).
   returned: always
   type: list
   elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fleet_models_prune import ARGUMENT_SPEC, prune
+from ansible.module_utils.fleet_models_prune import ARGUMENT_SPEC, PruneError, prune
 
 
 def main():
@@ -79,6 +79,8 @@ def main():
         result = prune(params["models_dir"], params["keep"], params["plan_paths"], module.check_mode)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
+    except PruneError as exc:
+        module.fail_json(msg=str(exc), removed=exc.removed)
     except OSError as exc:
         module.fail_json(msg=f"roles/models prune: could not read or remove under {params['models_dir']}: {exc}")
     diff = result.pop("diff")

@@ -86,6 +86,15 @@ def survey(models_dir: str, keep: Sequence[str], plan_paths: Sequence[str]) -> d
     return {"kept": unique_kept, "removed": prune_paths(found, unique_kept)}
 
 
+class PruneError(OSError):
+    """A removal failed: which path, and what had been removed before it."""
+
+    def __init__(self, path: str, removed: list[str], cause: OSError):
+        super().__init__(f"roles/models prune: could not remove {path}: {cause.strerror or cause}; "
+                         f"removed before it: {', '.join(removed) or 'nothing'}; nothing after it was removed")
+        self.removed = list(removed)
+
+
 def remove(path: str) -> None:
     """Remove one entry: a link or a file by itself, a directory with what is in it."""
     if os.path.islink(path) or not os.path.isdir(path):
@@ -102,9 +111,14 @@ def prune(models_dir: str, keep: Sequence[str], plan_paths: Sequence[str], check
         raise ValueError("roles/models prune: " + "; ".join(problems))
     result = survey(models_dir, keep, plan_paths)
     if not check_mode:
+        done: list[str] = []
         for path in result["removed"]:
-            if os.path.lexists(path):
-                remove(path)
+            try:
+                if os.path.lexists(path):
+                    remove(path)
+            except OSError as exc:
+                raise PruneError(path, done, exc) from exc
+            done.append(path)
     result["changed"] = bool(result["removed"])
     result["diff"] = {
         "before": "".join(f"{p}\n" for p in sorted(result["removed"])),

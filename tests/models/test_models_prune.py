@@ -117,6 +117,25 @@ def test_prune_refuses_before_it_removes_anything(tmp_path):
     assert all(p.exists() for p in paths.values())
 
 
+def test_a_failed_removal_says_what_went_before_it(tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    paths = _tree(root)
+    real_remove = P.remove
+
+    def remove(path):
+        if path == str(paths["old"]):
+            raise PermissionError(13, "Permission denied", path)
+        real_remove(path)
+
+    monkeypatch.setattr(P, "remove", remove)
+    with pytest.raises(P.PruneError) as failed:
+        P.prune(str(root), [str(paths["current"])], [str(paths["planned"])], check_mode=False)
+    assert failed.value.removed
+    assert all(not os.path.lexists(p) for p in failed.value.removed)
+    assert paths["old"].exists()
+    assert f"could not remove {paths['old']}: Permission denied" in str(failed.value)
+
+
 def test_the_module_prunes_on_the_host_and_says_what_went(tmp_path):
     """The module as Ansible runs it (ad hoc on localhost): check mode with --diff, the run, the refusal."""
     root = tmp_path / "models"
