@@ -80,7 +80,13 @@ def test_cold_reads_are_cold_although_storage_keeps_the_last_run(params):
         second = probe(server, p)
     for result in (first, second):
         assert [r["cached_tokens"] for r in result["cold"]["runs"]] == [0, 0]
-        assert result["gate"]["passed"], result["gate"]["reasons"]
+        checks = {c["name"]: c for c in result["gate"]["checks"]}
+        assert checks["storage.min_storage_cached_fraction"]["passed"]
+        # Every check but the TTFT ratios: a fake server's 0.1 s cold read leaves them at the mercy of a
+        # loaded machine's scheduler (once, in CI: warm 150.6 ms against cold 105.9 ms); the ratios are
+        # the subject of the tests above and of test_gate*.py.
+        failed = [name for name, c in checks.items() if not c["passed"] and not name.endswith("max_warm_cold_ratio")]
+        assert failed == [], result["gate"]["reasons"]
 
 
 def test_restart_reread_shows_what_came_back_from_storage(params):
