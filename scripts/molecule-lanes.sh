@@ -7,8 +7,7 @@
 # sglang_venv role: molecule/resources/hosts.sh image) is built beside the first scenarios; a
 # scenario whose platforms start from it (`image: sglang-venv` in its molecule.yml) waits for it.
 # Scenarios are taken longest first (the last run's times in .cache/logs/scenario-times, else the
-# table below), each by the first free lane. After a failure no lane starts another scenario; nor
-# after the file MOLECULE_STOP_FILE appears (scripts/test.sh: a check beside the lanes failed).
+# table below), each by the first free lane. After a failure no lane starts another scenario.
 # Each scenario's output goes to .cache/logs/molecule-<scenario>.log, each line stamped with the
 # seconds since its start; the summary gives each scenario's time and its molecule steps' times,
 # and a failed scenario's log tail.
@@ -28,7 +27,6 @@ mkdir -p "$logs"
 # that policy off.)
 lanes=${MOLECULE_LANES:-3}
 prepare_only=false
-stop_file=${MOLECULE_STOP_FILE:-$logs/lanes.stop-not-set}
 if [ "${1:-}" = --prepare ]; then prepare_only=true; shift; fi
 scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
@@ -106,7 +104,7 @@ take() {
   while :; do
     exec 9>"$queue.lock"
     flock 9
-    if [ ! -s "$queue" ] || [ -e "$logs/lanes.failed" ] || [ -e "$stop_file" ]; then flock -u 9; return 0; fi
+    if [ ! -s "$queue" ] || [ -e "$logs/lanes.failed" ]; then flock -u 9; return 0; fi
     while read -r s; do
       if image_settled || ! needs_image "$s"; then pick=$s; break; fi
     done <"$queue"
@@ -177,7 +175,7 @@ while read -r s rc secs; do
   fi
 done <"$logs/lanes.status"
 for s in "${scenarios[@]}"; do
-  grep -q "^$s " "$logs/lanes.status" || { echo "   $s not run ($([ -e "$stop_file" ] && echo "$stop_file: a check failed" || echo "a scenario failed before"))"; status=1; }
+  grep -q "^$s " "$logs/lanes.status" || { echo "   $s not run (a scenario failed before)"; status=1; }
 done
 # What failed, last, where a short tail of the output (CI's) still shows it: the verifier's failed
 # tests and their first assertion lines, or the failed Ansible tasks.
