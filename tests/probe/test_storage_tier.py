@@ -75,18 +75,15 @@ def test_cold_reads_are_cold_although_storage_keeps_the_last_run(params):
     """/flush_cache leaves L3: a second run must not read its cold prompt back from storage."""
     p = storage_params(params, repeats=2)
     shared: set = set()
-    with FakeServer(storage_backend="file", capacity=1024, storage=shared) as server:
+    # A cold read of 0.5 s (s_per_token 0.001 over 512 tokens) rather than the fakes' default 0.1 s: the
+    # gate's TTFT ratio must pass too, and a loaded machine's scheduler once held a 0.1 s fake's warm
+    # read for 150 ms (warm 150.6 ms against cold 105.9 ms, a fresh-clone run of .ci/run).
+    with FakeServer(storage_backend="file", capacity=1024, storage=shared, s_per_token=0.001) as server:
         first = probe(server, p)
         second = probe(server, p)
     for result in (first, second):
         assert [r["cached_tokens"] for r in result["cold"]["runs"]] == [0, 0]
-        checks = {c["name"]: c for c in result["gate"]["checks"]}
-        assert checks["storage.min_storage_cached_fraction"]["passed"]
-        # Every check but the TTFT ratios: a fake server's 0.1 s cold read leaves them at the mercy of a
-        # loaded machine's scheduler (once, in CI: warm 150.6 ms against cold 105.9 ms); the ratios are
-        # the subject of the tests above and of test_gate*.py.
-        failed = [name for name, c in checks.items() if not c["passed"] and not name.endswith("max_warm_cold_ratio")]
-        assert failed == [], result["gate"]["reasons"]
+        assert result["gate"]["passed"], result["gate"]["reasons"]
 
 
 def test_restart_reread_shows_what_came_back_from_storage(params):
