@@ -7,10 +7,12 @@ files: `load("roles/rollout/filter_plugins/rollout.py")`.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = ROOT / ".venv" / "bin"
 
 
 def load(path: str | Path, name: str | None = None) -> ModuleType:
@@ -48,3 +50,23 @@ def adhoc_module(tmp_path: Path, module: str, args: dict, *flags: str) -> tuple[
     if "FAILED!" in head:
         result["failed"] = True
     return proc.returncode, result
+
+
+def ansible_bin(name: str) -> str:
+    """An Ansible command of the checkout's .venv, else the one found on PATH."""
+    candidate = VENV_BIN / name
+    return str(candidate) if candidate.exists() else name
+
+
+def ansible_env(tmp_path: Path) -> dict:
+    """The environment of an Ansible run with the project's ansible.cfg, its temp files under tmp_path."""
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
+        ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_DEPRECATION_WARNINGS="0",
+        ANSIBLE_RETRY_FILES_ENABLED="0",
+    )
+    return env

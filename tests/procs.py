@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 
 
@@ -17,3 +18,10 @@ def stop_by_pid(proc: subprocess.Popen, grace_s: float = 10.0) -> int | None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=grace_s)
     return proc.returncode
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -619,3 +619,33 @@ def test_task_name_check_finds_a_bare_name_and_a_stale_listing(tmp_path):
     assert "roles/r/tasks/new.yml: 1 task name(s) without a 'Step | ' prefix, e.g. 'install it'" in problems[0]
     assert "take the file off UNPREFIXED_FILES" in problems[1]
     assert "gone.yml: listed in UNPREFIXED_FILES but not there" in problems[2]
+
+
+# --- Test helpers are imported by unique module names, never from a conftest.py --------------------
+# Every tests/ directory without __init__.py has its conftest.py imported as the module `conftest`,
+# the last one loaded winning: `from conftest import X` works in a whole run and breaks when a run
+# names directories in another order (`pytest tests/probe/test_warm_set.py tests/sim` imported
+# tests/sim's). Shared helpers live in tests/plugins.py, tests/procs.py or a uniquely named module.
+_CONFTEST_IMPORT = re.compile(r"^\s*(from\s+conftest\s+import|import\s+conftest\b)", re.M)
+
+
+def conftest_imports(root: Path) -> list[str]:
+    """Each Python file under root/tests that imports from a conftest module, with the line."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        for match in _CONFTEST_IMPORT.finditer(path.read_text(encoding="utf-8")):
+            line = path.read_text(encoding="utf-8").count("\n", 0, match.start()) + 1
+            found.append(f"{path.relative_to(root)}:{line}")
+    return found
+
+
+def test_no_test_imports_from_a_conftest():
+    assert conftest_imports(ROOT) == []
+
+
+def test_conftest_import_check_finds_both_forms(tmp_path):
+    (tmp_path / "tests" / "a").mkdir(parents=True)
+    (tmp_path / "tests" / "a" / "test_x.py").write_text("import os\nfrom conftest import REPO\n")
+    (tmp_path / "tests" / "test_y.py").write_text("import conftest\n")
+    (tmp_path / "tests" / "test_z.py").write_text("from conftests import nothing  # another module\n")
+    assert conftest_imports(tmp_path) == ["tests/a/test_x.py:2", "tests/test_y.py:1"]

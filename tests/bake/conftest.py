@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,29 +12,9 @@ import ansible.module_utils
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = REPO / ".venv" / "bin"
 
 if str(REPO / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ansible_bin(name: str) -> str:
-    candidate = VENV_BIN / name
-    return str(candidate) if candidate.exists() else name
-
-
-def ansible_env(tmp_path: Path) -> dict:
-    env = dict(os.environ)
-    env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
-               ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_DEPRECATION_WARNINGS="0", ANSIBLE_RETRY_FILES_ENABLED="0")
-    return env
 
 
 class FakePrometheus:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, ansible_bin, ansible_env
+from plugins import ROOT as REPO
+from plugins import ansible_bin, ansible_env
 from test_fleet_bake import OTHERS, fleet, healthy, load, params
 
 PLAYBOOK = """\

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 from ansible.module_utils.fleet_bake import ARGUMENT_SPEC, THRESHOLD_SPEC, bake, build_queries, validate_params
-from conftest import REPO, ansible_bin, ansible_env, free_port
+from plugins import ROOT as REPO
+from plugins import ansible_bin, ansible_env
+from procs import free_port
 
 BATCH = {"gpu-2": "10.0.0.2:30004", "gpu-3": "10.0.0.3:30004"}
 OTHERS = ["10.0.0.1:30004", "10.0.0.4:30004"]

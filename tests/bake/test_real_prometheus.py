@@ -14,8 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from ansible.module_utils.fleet_bake import ARGUMENT_SPEC, THRESHOLD_SPEC, bake
-from conftest import free_port
-from procs import stop_by_pid
+from procs import free_port, stop_by_pid
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary on this machine")

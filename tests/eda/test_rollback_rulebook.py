@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from procs import stop_by_pid
+from procs import free_port, stop_by_pid
 
 ROOT = Path(__file__).resolve().parents[2]
 EDA_BIN = ROOT / ".cache" / "eda-venv" / "bin"
@@ -42,12 +41,6 @@ pytestmark = [
 ]
 
 CONFIG_HASH = hashlib.sha256(b"validated release of node-2").hexdigest()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def alert(name: str, host: str, status: str = "firing", instance: str = "main") -> dict:

@@ -5,32 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from monitoring_inputs import HOSTS, RECORD, promtool
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-# Three SGLang hosts; h1 and h3 carry a validation record (cold 1.0 s, warm 0.02 s), h2 none.
-HOSTS = {"h1": "127.0.22.1", "h2": "127.0.22.2", "h3": "127.0.22.3"}
-RECORD = {
-    "instances": {"main": {"instance": "main", "config_hash": "abcdef0123456789", "probe": {
-        "input_len": 64000, "cold": {"median_ttft_ms": 1000.0},
-        "warm": {"host": {"median_ttft_ms": 20.0}}, "gate": {"passed": True}}}},
-}
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool is missing: scripts/host-tools.sh installs it (Debian's prometheus package)")
-    return path
-
 
 @pytest.fixture(scope="session")
 def rendered(tmp_path_factory) -> Path:

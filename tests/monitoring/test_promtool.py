@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from conftest import HOSTS, promtool
+from monitoring_inputs import HOSTS, promtool
 
 HERE = Path(__file__).resolve().parent
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +10,9 @@ from typing import Any
 
 import ansible.module_utils
 import pytest
+from plugins import ansible_bin, ansible_env
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = REPO / ".venv" / "bin"
 
 # The probe's module_utils (module_utils/ at the checkout's root, ansible.cfg `module_utils`) under the
 # name Ansible gives them, so tests import them as the module does: ansible.module_utils.sglang_probe_*.
@@ -35,24 +34,6 @@ def params():
         return p
 
     return make
-
-
-def ansible_bin(name: str) -> str:
-    candidate = VENV_BIN / name
-    return str(candidate) if candidate.exists() else name
-
-
-def ansible_env(tmp_path: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
-        ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_DEPRECATION_WARNINGS="0",
-        ANSIBLE_RETRY_FILES_ENABLED="0",
-    )
-    return env
 
 
 PLAYBOOK = """\

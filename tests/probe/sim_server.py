@@ -13,8 +13,7 @@ from pathlib import Path
 from ansible.module_utils.sglang_probe_client import SGLangClient
 from ansible.module_utils.sglang_probe_gate import evaluate_gate, load_baseline
 from ansible.module_utils.sglang_probe_measure import run_probe
-from probe_fakes import free_port
-from procs import stop_by_pid
+from procs import free_port, stop_by_pid
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = REPO / "sim"

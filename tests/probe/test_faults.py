@@ -8,7 +8,8 @@ import pytest
 from ansible.module_utils.sglang_probe_client import ProbeError, SGLangClient
 from ansible.module_utils.sglang_probe_gate import evaluate_gate
 from ansible.module_utils.sglang_probe_measure import run_probe
-from probe_fakes import FakeServer, free_port
+from probe_fakes import FakeServer
+from procs import free_port
 
 
 def probe_once(p):

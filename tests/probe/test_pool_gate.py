@@ -98,9 +98,12 @@ def test_pool_mismatch_fails_the_gate_before_probing(start_sim, ansible_run):
 def test_healthy_pools_pass_and_are_recorded_from_metrics(start_sim, ansible_run, tmp_path):
     sim = start_sim(SEED_ARGS + HICACHE_ARGS + ["--enable-metrics"])
     report = tmp_path / "probe.json"
+    # The pools are under test, not the TTFT ratio: at this time scale a 2,000-token cold read takes
+    # about 4 ms, the simulator's own overhead, and with two busy loops beside the test one warm read
+    # measured 4.1 ms against 4.0 ms cold (1.02 > 0.9). The ratio's limit is 50, as in test_capacity.py.
     result = ansible_run({"url": sim.url, "input_len": 2000, "cold_output_len": 4, "repeats": 1, "tier": "device",
                           "ready_timeout": 30, "request_timeout": 60, "flush_timeout": 10,
-                          "max_warm_cold_ratio": 0.9, "report_path": str(report),
+                          "max_warm_cold_ratio": 50.0, "report_path": str(report),
                           "baseline": {"cold": {"median_ttft_ms": 1e6},
                                        "server": {"max_total_num_tokens": 233207}}})
     assert not result.get("failed"), result.get("msg")

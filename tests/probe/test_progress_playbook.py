@@ -10,7 +10,8 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, ansible_bin, ansible_env
+from plugins import ROOT as REPO
+from plugins import ansible_bin, ansible_env
 from probe_fakes import FakeServer
 
 PLAYBOOK = """\

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.sglang_probe_client import ProbeError
 from ansible.module_utils.sglang_warm_set import load_prompt, send_warm_set, validate_params, warm_body
-from conftest import REPO, ansible_bin, ansible_env
-from probe_fakes import free_port
+from plugins import ROOT as REPO
+from plugins import ansible_bin, ansible_env
+from procs import free_port
 from sim_server import HICACHE_ARGS, SEED_ARGS, sim_available
 
 PLAYBOOK = """\

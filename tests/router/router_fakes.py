@@ -157,10 +157,3 @@ class FakeRouter:
         self.thread.join(timeout=5)
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

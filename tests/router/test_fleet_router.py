@@ -24,7 +24,7 @@ from ansible.module_utils.fleet_router import (
     workers_of,
 )
 from plugins import load
-from router_fakes import free_port
+from procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "router-Key-5Zq"

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils.fleet_router import ARGUMENT_SPEC, RouterError, check_params, run
-from procs import stop_by_pid
-from router_fakes import free_port
+from procs import free_port, stop_by_pid
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_PYTHON = REPO / ".cache" / "sglang-router-venv" / "bin" / "python"

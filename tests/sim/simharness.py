@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from procs import stop_by_pid
+from procs import free_port, stop_by_pid
 
 SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
 if str(SIM_DIR) not in sys.path:
@@ -30,12 +29,6 @@ BASE_ENV = {
     "SGLANG_SIM_LOAD_DELAY_S": "0.05",
     "SGLANG_SIM_HOST_MEM_GB": "256",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -9,11 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from plugins import load
 
 ROOT = Path(__file__).resolve().parents[2]
-FILTERS = load("roles/sglang_service/filter_plugins/sglang_service.py", "sglang_service_filters_sizing_unit")
-PYTHON = "/opt/sglang/current/bin/python"
 
 # The role's plan on localhost (as tests/service/test_secrets.py renders it): each instance's unit text
 # and launch argv, written out as JSON.
@@ -52,14 +49,3 @@ def plan(tmp_path_factory) -> dict:
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     return {entry["name"]: entry for entry in json.loads((out / "plan.json").read_text())}
-
-
-def make_release(plan: dict, name: str, where: Path) -> Path:
-    """A release directory as the role's stage writes it (unit, argv.json, release.json, env)."""
-    (staged,) = FILTERS.release_instances([plan[name]], PYTHON)
-    where.mkdir(parents=True, exist_ok=True)
-    (where / "unit").write_text(staged["unit"])
-    (where / "argv.json").write_text(staged["argv_json"])
-    (where / "release.json").write_text(staged["release_json"])
-    (where / "env").write_text("")
-    return where

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import ansible.module_utils
 import pytest
-from conftest import FILTERS, make_release
+from sizing_releases import FILTERS, make_release
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "tests" / "sim"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import traffic  # noqa: E402
-from simharness import SMALL_ENV, SMALL_HICACHE_ARGS, free_port, start_sim  # noqa: E402
+from procs import free_port  # noqa: E402
+from simharness import SMALL_ENV, SMALL_HICACHE_ARGS, start_sim  # noqa: E402
 
 SCRIPT = ROOT / "scripts" / "traffic.py"
 ROUTER_PYTHON = ROOT / ".cache" / "sglang-router-venv" / "bin" / "python"
