@@ -31,13 +31,11 @@ def adhoc_module(tmp_path: Path, module: str, args: dict, *flags: str) -> tuple[
     library/ and module_utils/): rc and the result; a failed result gets failed: true (-o prints it as
     "FAILED! => {...}")."""
     import json
-    import os
     import subprocess
     import sys
 
     ansible = Path(sys.executable).parent / "ansible"
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"), ANSIBLE_REMOTE_TMP=str(tmp_path / "ansible-remote"))
+    env = ansible_env(tmp_path)
     proc = subprocess.run(
         [str(ansible if ansible.exists() else "ansible"), "localhost", "-c", "local", "-i", "localhost,",
          "-e", json.dumps({"ansible_python_interpreter": sys.executable}),

@@ -633,9 +633,9 @@ def conftest_imports(root: Path) -> list[str]:
     """Each Python file under root/tests that imports from a conftest module, with the line."""
     found = []
     for path in sorted((root / "tests").rglob("*.py")):
-        for match in _CONFTEST_IMPORT.finditer(path.read_text(encoding="utf-8")):
-            line = path.read_text(encoding="utf-8").count("\n", 0, match.start()) + 1
-            found.append(f"{path.relative_to(root)}:{line}")
+        text = path.read_text(encoding="utf-8")
+        for match in _CONFTEST_IMPORT.finditer(text):
+            found.append(f"{path.relative_to(root)}:{text.count(chr(10), 0, match.start()) + 1}")
     return found
 
 

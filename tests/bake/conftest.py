@@ -6,12 +6,10 @@ import json
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import ansible.module_utils
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from plugins import ROOT as REPO
 
 if str(REPO / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(REPO / "module_utils"))

@@ -10,16 +10,15 @@ from typing import Any
 
 import ansible.module_utils
 import pytest
+from plugins import ROOT as REPO
 from plugins import ansible_bin, ansible_env
-
-REPO = Path(__file__).resolve().parents[2]
 
 # The probe's module_utils (module_utils/ at the checkout's root, ansible.cfg `module_utils`) under the
 # name Ansible gives them, so tests import them as the module does: ansible.module_utils.sglang_probe_*.
 if str(REPO / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 
-from ansible.module_utils.sglang_probe_measure import ARGUMENT_SPEC  # noqa: E402
+from ansible.module_utils.sglang_probe_measure import ARGUMENT_SPEC
 
 
 @pytest.fixture
