@@ -274,6 +274,15 @@ def test_the_fast_paths_summary_puts_each_host_in_its_groups_and_says_why():
     ]
     tagged = summary(["e"], {"e": {"skipped": True}}, True)
     assert tagged == {"groups": {}, "lines": ["e: the fast path is off (--tags or --skip-tags given)"]}
+    # playbooks/rollout.yml run alone has no install phase: a host that is not converged goes through
+    # its rollout, whatever install phases its record still holds.
+    alone = summary(["a", "b", "c"], results, False, "rollout.yml")
+    assert alone["groups"] == done["groups"]
+    assert alone["lines"] == [
+        done["lines"][0],
+        "b: goes through the rollout (rollout.yml alone): the desired release changed since the last whole run",
+        "c: goes through the rollout (rollout.yml alone): sglang-main.service is not active (failed)",
+    ]
 
 
 def test_the_split_roles_options_count_but_an_entry_points_call_inputs_do_not(project):

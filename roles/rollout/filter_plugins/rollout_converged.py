@@ -348,12 +348,15 @@ def rollout_phase_outputs(host_vars: Mapping[str, Any], outputs: Mapping[str, li
     return found
 
 
-def rollout_converged_summary(hosts: list[str], results: Mapping[str, Any], tags_given: bool) -> dict[str, Any]:
+def rollout_converged_summary(hosts: list[str], results: Mapping[str, Any], tags_given: bool,
+                              playbook: str = "site.yml") -> dict[str, Any]:
     """What the fast path decided for each host of the converged play, from the drift checks'
     registered results (results: {host: _rollout_converged}; a host whose check was skipped has a
     skipped result or none): {"groups": {host: [group, ...]}, the groups it joins (_converged, or
     _current_<phase> per install phase its record still holds); "lines": [one sentence per host]}.
-    tags_given: the run has --tags or --skip-tags (the fast path is off)."""
+    tags_given: the run has --tags or --skip-tags (the fast path is off). playbook: the playbook that
+    checked (site.yml, or rollout.yml run alone, which has no install phase: a host that is not
+    converged goes through its rollout, the only phase it has)."""
     groups: dict[str, list[str]] = {}
     lines: list[str] = []
     for host in hosts:
@@ -372,8 +375,13 @@ def rollout_converged_summary(hosts: list[str], results: Mapping[str, Any], tags
             current = list(result.get("current_phases") or [])
             if current:
                 groups[host] = [f"_current_{phase}" for phase in current]
-            runs = "every phase" if not current else f"every phase but {', '.join(current)} (current)"
-            lines.append(f"{host}: runs {runs}: {'; '.join(result.get('reasons') or [])}")
+            if playbook == "rollout.yml":
+                runs = "goes through the rollout (rollout.yml alone)"
+            elif current:
+                runs = f"runs every phase but {', '.join(current)} (current)"
+            else:
+                runs = "runs every phase"
+            lines.append(f"{host}: {runs}: {'; '.join(result.get('reasons') or [])}")
     return {"groups": groups, "lines": lines}
 
 
