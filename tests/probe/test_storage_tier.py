@@ -12,6 +12,11 @@ from ansible.module_utils.sglang_probe_measure import plan_steps, run_probe, tie
 from ansible.module_utils.sglang_probe_report import build_report, round_line, summary_line
 from probe_fakes import FakeServer
 
+# Seconds per uncached token of the fakes whose gate must pass: a cold read of 0.5 s over 512 tokens,
+# not the fakes' default 0.1 s, so that a loaded machine's scheduling delay stays far under the
+# gate's TTFT ratio.
+SLOW = 0.001
+
 
 def probe(server: FakeServer, p: dict, lines: list | None = None) -> dict:
     client = SGLangClient(server.url, None, p["request_timeout"])
@@ -35,7 +40,9 @@ def test_tiers_of_all_adds_storage_and_both_stays():
 
 def test_storage_tier_is_read_back_from_storage_after_a_flush(params):
     p = storage_params(params)
-    with FakeServer(storage_backend="file", capacity=1024) as server:
+    # A cold read of 0.5 s, as below: a loaded machine held a 0.1 s fake's warm device read for 124 ms
+    # against a 109 ms cold read (a fresh-clone run of .ci/run, 2026-12-07).
+    with FakeServer(storage_backend="file", capacity=1024, s_per_token=SLOW) as server:
         result = probe(server, p)
     warm = result["warm"]["storage"]
     assert warm["median_storage_cached_tokens"] == 511
@@ -75,10 +82,9 @@ def test_cold_reads_are_cold_although_storage_keeps_the_last_run(params):
     """/flush_cache leaves L3: a second run must not read its cold prompt back from storage."""
     p = storage_params(params, repeats=2)
     shared: set = set()
-    # A cold read of 0.5 s (s_per_token 0.001 over 512 tokens) rather than the fakes' default 0.1 s: the
-    # gate's TTFT ratio must pass too, and a loaded machine's scheduler once held a 0.1 s fake's warm
-    # read for 150 ms (warm 150.6 ms against cold 105.9 ms, a fresh-clone run of .ci/run).
-    with FakeServer(storage_backend="file", capacity=1024, storage=shared, s_per_token=0.001) as server:
+    # SLOW: the gate's TTFT ratio must pass too, and a loaded machine's scheduler once held a 0.1 s
+    # fake's warm read for 150 ms (warm 150.6 ms against cold 105.9 ms, a fresh-clone run of .ci/run).
+    with FakeServer(storage_backend="file", capacity=1024, storage=shared, s_per_token=SLOW) as server:
         first = probe(server, p)
         second = probe(server, p)
     for result in (first, second):
@@ -90,12 +96,13 @@ def test_restart_reread_shows_what_came_back_from_storage(params):
     p = storage_params(params, storage_reread_first=True, min_restart_storage_fraction=0.9)
     shared: set = set()
     lines: list = []
-    with FakeServer(storage_backend="file", capacity=1024, storage=shared) as before:
+    with FakeServer(storage_backend="file", capacity=1024, storage=shared, s_per_token=SLOW) as before:
         first = probe(before, p)
     # the first run ever: nothing in storage, the gate on the restart re-read fails and says so
     assert first["restart_hit"]["storage_cached_tokens"] == 0
     assert any("restart re-read: 0 tokens came back from storage < 460" in r for r in first["gate"]["reasons"])
-    with FakeServer(storage_backend="file", capacity=1024, storage=shared) as after:  # restarted, same L3
+    # restarted, same L3
+    with FakeServer(storage_backend="file", capacity=1024, storage=shared, s_per_token=SLOW) as after:
         second = probe(after, p, lines)
     hit = second["restart_hit"]
     assert hit["storage_cached_tokens"] == 511
@@ -117,7 +124,7 @@ def test_restart_reread_shows_what_came_back_from_storage(params):
 
 def test_tier_all_without_a_backend_measures_device_and_host_and_says_so(params):
     p = storage_params(params, storage_reread_first=True)
-    with FakeServer(capacity=1024) as server:
+    with FakeServer(capacity=1024, s_per_token=SLOW) as server:
         result = probe(server, p)
     assert sorted(result["warm"]) == ["device", "host"]
     assert result["storage"]["measured"] is False
