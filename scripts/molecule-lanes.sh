@@ -178,12 +178,18 @@ for s in "${scenarios[@]}"; do
   grep -q "^$s " "$logs/lanes.status" || { echo "   $s not run (a scenario failed before)"; status=1; }
 done
 # What failed, last, where a short tail of the output (CI's) still shows it: the verifier's failed
-# tests and their first assertion lines, or the failed Ansible tasks.
+# tests and their first assertion lines, or the failed Ansible tasks with the first failure's message
+# (its indented lines after `fatal:`, at most 12; CI once showed three bare `FAILED! =>`).
 while read -r s rc secs; do
   [ "$rc" -eq 0 ] && continue
   echo "== $s failed at:"
   sed -E 's/\x1b\[[0-9;]*m//g; s/^ *[0-9]+ +//; s/^│ //' "$logs/molecule-$s.log" |
-    grep -E '^(FAILED|E  |fatal: |TASK \[|RUNNING HANDLER \[|tests/.*Error$)' | grep -v '^FAILED - RETRYING' |
-    grep -B1 -E '^(FAILED|E  |fatal:|tests/)' | grep -v -e '^--$' | cut -c1-300 | tail -n 20
+    awk '/^(TASK|RUNNING HANDLER) \[/ { task = $0; msg = 0; shown = 0; next }
+      /^FAILED - RETRYING/ { next }
+      /^(FAILED|E  |fatal: |tests\/.*Error$)/ {
+        if (task != "") { print task; task = "" }
+        print; msg = (/^fatal: / && !shown) ? 12 : 0; if (msg) shown = 1; next }
+      msg > 0 && /^ / { print; msg--; next }
+      { msg = 0 }' | cut -c1-300 | tail -n 40
 done <"$logs/lanes.status"
 exit $status
