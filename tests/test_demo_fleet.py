@@ -177,8 +177,12 @@ def test_the_script_refuses_a_bad_count():
     assert "DEMO_HOSTS must be an integer from 1 to 40 (got '41')" in done.stderr
 
 
-def _ansible(*args: str) -> str:
+def _ansible(*args: str, cache: str | None = None) -> str:
+    """Ansible on the controller; HICACHE_FLEET_CACHE is `cache` (unset when None)."""
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FACT_CACHING": "memory"}
+    env.pop("HICACHE_FLEET_CACHE", None)
+    if cache is not None:
+        env["HICACHE_FLEET_CACHE"] = cache
     return subprocess.run([*args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
                           check=True).stdout
 
@@ -211,3 +215,16 @@ def test_ansible_puts_the_extra_hosts_under_the_demo_group_vars_with_the_threes_
     assert seen["demo-12"]["inventory_dir"] == str(ROOT / "inventories" / "demo")
     assert Path(seen["demo-12"]["ansible_ssh_private_key_file"]).resolve() == ROOT / ".cache" / "ssh" / "id_ed25519"
     assert seen["demo-12"]["rollout_batches"] == [1, 1, "100%"]  # from inventories/demo/group_vars
+
+
+
+def test_the_demo_fleets_ssh_key_and_controller_cache_follow_hicache_fleet_cache(tmp_path):
+    """make demo with HICACHE_FLEET_CACHE boots the hosts with that cache's key (molecule/resources/
+    hosts.sh): the inventory connects with the same key and reads the wheelhouse and models there."""
+    cache = tmp_path / "elsewhere"
+    names = ("ansible_ssh_private_key_file", "_demo_cache")
+    out = _ansible(str(BIN / "ansible"), "-i", str(ROOT / "inventories" / "demo"), "demo-1", "-o",
+                   "-m", "ansible.builtin.debug", "-a", "msg={{ {" + ", ".join(f"'{n}': {n}" for n in names) + "} }}",
+                   cache=str(cache))
+    seen = yaml.safe_load(out.partition(" | SUCCESS => ")[2])["msg"]
+    assert seen == {"ansible_ssh_private_key_file": f"{cache}/ssh/id_ed25519", "_demo_cache": str(cache)}, out
