@@ -59,6 +59,11 @@ class SimServer:
         self.proc = subprocess.Popen(cmd, env=sim_env(**env), stdout=self._log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_listening()
+            # It listens before its model is loaded (503 on /generate until then, as SGLang): a test
+            # that calls the probe's functions directly, without its ready wait, starts on a ready
+            # server. A server started never to be healthy is only waited for until it listens.
+            if "never_healthy" not in env.get("SGLANG_SIM_FAULT", ""):
+                self.wait_ready()
 
     def wait_listening(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -73,6 +78,19 @@ class SimServer:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"the simulator did not listen within {timeout} s:\n{self.log()}")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Until /health answers 200 (open without an API key, as in SGLang): the model is loaded."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the simulator exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=2).close()
+                return
+            except OSError:  # HTTPError (503 while loading) is an OSError too
+                time.sleep(0.05)
+        raise RuntimeError(f"the simulator was not ready within {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
         self._log.flush()
