@@ -66,31 +66,28 @@ class SimServer:
                 self.wait_ready()
 
     def wait_listening(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the simulator exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                urllib.request.urlopen(f"{self.url}/get_model_info", timeout=2).close()
-                return
-            except urllib.error.HTTPError:
-                return  # it answers (e.g. 401 with --api-key)
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"the simulator did not listen within {timeout} s:\n{self.log()}")
+        """Until it answers /get_model_info at all (an HTTP error, e.g. 401 with --api-key, counts)."""
+        self._wait_for("/get_model_info", any_answer=True, what="listen", timeout=timeout)
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         """Until /health answers 200 (open without an API key, as in SGLang): the model is loaded."""
+        self._wait_for("/health", any_answer=False, what="become ready", timeout=timeout)
+
+    def _wait_for(self, path: str, any_answer: bool, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the simulator exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                urllib.request.urlopen(f"{self.url}/health", timeout=2).close()
+                urllib.request.urlopen(f"{self.url}{path}", timeout=2).close()
                 return
-            except OSError:  # HTTPError (503 while loading) is an OSError too
+            except urllib.error.HTTPError:
+                if any_answer:
+                    return
+                time.sleep(0.05)  # 503 while its model loads
+            except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"the simulator was not ready within {timeout} s:\n{self.log()}")
+        raise RuntimeError(f"the simulator did not {what} within {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
         self._log.flush()
