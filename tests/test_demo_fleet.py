@@ -217,7 +217,6 @@ def test_ansible_puts_the_extra_hosts_under_the_demo_group_vars_with_the_threes_
     assert seen["demo-12"]["rollout_batches"] == [1, 1, "100%"]  # from inventories/demo/group_vars
 
 
-
 def test_the_demo_fleets_ssh_key_and_controller_cache_follow_hicache_fleet_cache(tmp_path):
     """make demo with HICACHE_FLEET_CACHE boots the hosts with that cache's key (molecule/resources/
     hosts.sh): the inventory connects with the same key and reads the wheelhouse and models there."""

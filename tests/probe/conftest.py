@@ -90,8 +90,8 @@ def start_sim(sim_model, tmp_path):
 
     started: list = []
 
-    def start(args: list[str], wait: bool = True, **env: str):
-        server = SimServer(sim_model, args, tmp_path / f"sim-{len(started)}.log", wait=wait, **env)
+    def start(args: list[str], wait: bool = True, ready: bool = True, **env: str):
+        server = SimServer(sim_model, args, tmp_path / f"sim-{len(started)}.log", wait=wait, ready=ready, **env)
         started.append(server)
         return server
 

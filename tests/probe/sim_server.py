@@ -49,7 +49,7 @@ class SimServer:
     """One simulator process; `stop()` ends it by its PID (also when the test failed)."""
 
     def __init__(self, model_dir: Path, args: list[str], log_path: Path, wait: bool = True,
-                 **env: str) -> None:
+                 ready: bool = True, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -61,8 +61,8 @@ class SimServer:
             self.wait_listening()
             # It listens before its model is loaded (503 on /generate until then, as SGLang): a test
             # that calls the probe's functions directly, without its ready wait, starts on a ready
-            # server. A server started never to be healthy is only waited for until it listens.
-            if "never_healthy" not in env.get("SGLANG_SIM_FAULT", ""):
+            # server. ready=False: only until it listens (a server that is never to be healthy).
+            if ready:
                 self.wait_ready()
 
     def wait_listening(self, timeout: float = 20.0) -> None:

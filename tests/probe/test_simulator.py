@@ -106,7 +106,7 @@ def test_cut_stream(start_sim, params):
 
 
 def test_never_healthy(start_sim, params):
-    sim = start_sim(SEED_ARGS, SGLANG_SIM_FAULT="never_healthy")
+    sim = start_sim(SEED_ARGS, ready=False, SGLANG_SIM_FAULT="never_healthy")
     with pytest.raises(ProbeError, match=r"did not become healthy within ready_timeout 1 s.*HTTP 503"):
         probe_once(params(url=sim.url, ready_timeout=1.0))
 
