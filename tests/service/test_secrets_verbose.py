@@ -79,6 +79,8 @@ def test_minus_vvv_prints_no_key(tmp_path):
     for task in ("Settings | the router's key", "Plan | merge profile", "Checks | every finding of the plan",
                  "Release | keep the candidate", "Converged | the host's record"):
         assert task in output
+    # The digest of what the service plan was rendered from covers the keys: never printed.
+    assert "_sglang_service_planned_from" not in output
     for secret in SECRETS:
         assert secret not in output, f"{secret} printed:\n" + "\n".join(
             line for line in output.splitlines() if secret in line)
