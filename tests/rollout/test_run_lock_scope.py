@@ -163,8 +163,13 @@ def plant(fleet: Fleet, held: dict) -> None:
     ("playbook", "plays_before_refusal"),
     [
         # site.yml's continue play has no hosts without -e rollout_continue; it still starts.
+        # The install phases left out publish their records' outputs before preflight (read-only; here
+        # the inventory puts the host into their groups without a record, and they publish nothing).
         ("site.yml", ["Continue a paused run - every host serves what the paused run left it on",
                       "Converged hosts skip the run (their recorded release is the desired one, nothing drifted)",
+                      "ROCm phase left out where the host's record holds it",
+                      "The venv phase left out where the host's record holds it",
+                      "The models phase left out where the host's record holds it",
                       "Preflight every host before changing any", TAKE_PLAY]),
         ("playbooks/venv.yml", [TAKE_PLAY]),
         ("playbooks/rocm.yml", [TAKE_PLAY]),
